@@ -1,0 +1,57 @@
+"""Small handlers for tests, demos and load tests: noop, sleep, fail, effect."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from supervisor import Job, PayloadRejected, handler
+from supervisor.queries import q
+
+
+def _seconds(job: Job, default: float = 0.0) -> float:
+    payload = job.payload if isinstance(job.payload, dict) else {}
+    value = payload.get("seconds", default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise PayloadRejected(f"'seconds' must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def work_for(job: Job, seconds: float, *, step: float = 0.05) -> None:
+    """Simulated work that checks the lease between small steps, as a real
+    handler should before every effect."""
+    deadline = time.monotonic() + seconds
+    while True:
+        job.check()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(step, left))
+
+
+@handler("noop")
+def noop(job: Job) -> None:
+    """Does nothing; completed (fenced) by the worker."""
+
+
+@handler("sleep")
+def sleep(job: Job) -> None:
+    """Works for ``payload.seconds`` seconds, checking its lease."""
+    work_for(job, _seconds(job))
+
+
+@handler("fail")
+def fail(job: Job) -> None:
+    """Always raises; ``payload.message`` is the error text."""
+    payload = job.payload if isinstance(job.payload, dict) else {}
+    raise RuntimeError(str(payload.get("message", "failed on purpose")))
+
+
+@handler("effect")
+def effect(job: Job) -> None:
+    """Works for ``payload.seconds`` then writes one effect row through the
+    fence.  Two rows for one job would be a double run."""
+    work_for(job, _seconds(job))
+    with job.fenced() as conn:
+        conn.execute(q("insert_effect"), {"job_id": job.id, "attempt": job.attempt,
+                                          "key": job.idempotency_key, "worker": str(os.getpid())})

@@ -1,0 +1,59 @@
+-- name: status_counts
+-- Jobs per queue and status.
+SELECT queue, status, count(*)::bigint AS jobs
+  FROM pgfence.jobs
+ GROUP BY queue, status
+ ORDER BY queue, status;
+
+-- name: running_jobs
+-- Running jobs with their owner, attempt and the lease left (negative once
+-- it has run out), by the database clock.
+SELECT id, queue, kind, attempt, locked_by,
+       extract(epoch FROM (lease_until - now()))::float8 AS lease_left
+  FROM pgfence.jobs
+ WHERE status = 'running'
+ ORDER BY id;
+
+-- name: retry_ids
+-- Put failed or cancelled jobs back in the queue with a fresh budget of
+-- attempts on top of those spent.  Running, queued and done jobs are left
+-- alone.
+UPDATE pgfence.jobs
+   SET status = 'queued', run_at = now(), finished_at = NULL, locked_by = NULL,
+       lease_until = NULL, max_attempts = attempt + %(extra_attempts)s, reclaims = 0
+ WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled')
+RETURNING id;
+
+-- name: retry_failed
+-- Put every failed job back in the queue (see retry_ids).
+UPDATE pgfence.jobs
+   SET status = 'queued', run_at = now(), finished_at = NULL, locked_by = NULL,
+       lease_until = NULL, max_attempts = attempt + %(extra_attempts)s, reclaims = 0
+ WHERE status = 'failed'
+RETURNING id;
+
+-- name: cancel_ids
+-- Cancel queued or running jobs.  A running job's owner learns it at its next
+-- renewal (reason cancelled) and its completion is rejected by the fence.
+UPDATE pgfence.jobs
+   SET status = 'cancelled', finished_at = now(), locked_by = NULL, lease_until = NULL,
+       last_error = coalesce(last_error, 'cancelled by an operator')
+ WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('queued', 'running')
+RETURNING id;
+
+-- name: prune_batch
+-- Delete up to %(batch)s finished jobs older than the retention, oldest
+-- first.  Called in a loop until it deletes fewer than a batch.
+DELETE FROM pgfence.jobs
+ WHERE id IN (
+    SELECT id FROM pgfence.jobs
+     WHERE status IN ('done', 'failed', 'cancelled')
+       AND finished_at < now() - make_interval(secs => %(retention)s::float8)
+     ORDER BY finished_at, id
+     LIMIT %(batch)s
+       FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: get_job
+-- One job, every column.
+SELECT * FROM pgfence.jobs WHERE id = %(id)s;

@@ -1,0 +1,111 @@
+-- name: claim
+-- Claim up to %(batch)s jobs from %(queues)s: queued jobs whose run_at has
+-- come and running jobs whose lease has expired (reclaims), highest priority
+-- first, then oldest run_at, then id.  Every claim bumps attempt, the fencing
+-- token.  A reclaim on the final attempt, or past max_reclaims, turns the job
+-- failed instead of running it again.  prev_status tells reclaims apart.
+WITH candidates AS (
+    SELECT id, status AS prev_status
+      FROM pgfence.jobs
+     WHERE queue = ANY(%(queues)s::text[])
+       AND ((status = 'queued' AND run_at <= now())
+         OR (status = 'running' AND lease_until < now()))
+     ORDER BY priority DESC, run_at, id
+     LIMIT %(batch)s
+       FOR UPDATE SKIP LOCKED
+), decided AS (
+    SELECT c.id, c.prev_status,
+           j.reclaims + (c.prev_status = 'running')::int AS new_reclaims,
+           CASE
+               WHEN j.attempt >= j.max_attempts THEN
+                   CASE WHEN c.prev_status = 'running'
+                        THEN format('lease expired on the final attempt (%%s of %%s)', j.attempt, j.max_attempts)
+                        ELSE format('no attempts left (%%s of %%s used)', j.attempt, j.max_attempts)
+                   END
+               WHEN j.reclaims + (c.prev_status = 'running')::int > j.max_reclaims THEN
+                   format('quarantined: lost its worker %%s times (max_reclaims %%s)',
+                          j.reclaims + (c.prev_status = 'running')::int, j.max_reclaims)
+           END AS verdict
+      FROM candidates c JOIN pgfence.jobs j USING (id)
+)
+UPDATE pgfence.jobs j
+   SET status      = CASE WHEN d.verdict IS NULL THEN 'running' ELSE 'failed' END,
+       attempt     = CASE WHEN d.verdict IS NULL THEN j.attempt + 1 ELSE j.attempt END,
+       reclaims    = d.new_reclaims,
+       locked_by   = CASE WHEN d.verdict IS NULL THEN %(worker)s END,
+       lease_until = CASE WHEN d.verdict IS NULL THEN
+                         now() + make_interval(secs => coalesce(
+                             (SELECT l.lease FROM unnest(%(lease_kinds)s::text[], %(lease_secs)s::float8[]) AS l(kind, lease)
+                               WHERE l.kind = j.kind LIMIT 1),
+                             %(lease)s::float8))
+                     END,
+       started_at  = CASE WHEN d.verdict IS NULL THEN now() ELSE j.started_at END,
+       finished_at = CASE WHEN d.verdict IS NULL THEN NULL ELSE now() END,
+       last_error  = coalesce(d.verdict, j.last_error)
+  FROM decided d
+ WHERE j.id = d.id
+RETURNING j.id, j.queue, j.kind, j.payload, j.status, j.attempt, j.max_attempts,
+          j.reclaims, j.max_reclaims, j.priority, j.dedupe_key, j.created_at,
+          j.run_at, j.last_error, d.prev_status,
+          extract(epoch FROM (j.lease_until - now()))::float8 AS lease_left;
+
+-- name: complete
+-- Fenced completion: marks the job done only while this attempt still owns
+-- it.  Zero rows means the lease was lost and the caller must roll back.
+UPDATE pgfence.jobs
+   SET status = 'done', finished_at = now(), locked_by = NULL, lease_until = NULL
+ WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+RETURNING id;
+
+-- name: complete_many
+-- Fenced completion of many jobs in one statement (handlers that wrote
+-- nothing of their own); returns the ids that were still owned.
+UPDATE pgfence.jobs j
+   SET status = 'done', finished_at = now(), locked_by = NULL, lease_until = NULL
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS f(id, attempt)
+ WHERE j.id = f.id AND j.attempt = f.attempt AND j.status = 'running'
+RETURNING j.id;
+
+-- name: fail_or_retry
+-- Fenced error report: back to queued with run_at pushed by the backoff, or
+-- failed once the attempts are spent.  A stale worker's report matches nothing.
+UPDATE pgfence.jobs
+   SET status      = CASE WHEN attempt >= max_attempts OR %(final)s THEN 'failed' ELSE 'queued' END,
+       run_at      = CASE WHEN attempt >= max_attempts OR %(final)s THEN run_at
+                          ELSE now() + make_interval(secs => %(backoff)s::float8) END,
+       finished_at = CASE WHEN attempt >= max_attempts OR %(final)s THEN now() END,
+       last_error  = %(error)s,
+       locked_by   = NULL,
+       lease_until = NULL
+ WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+RETURNING status;
+
+-- name: release
+-- Fenced release: hands a claimed job back to the queue at once, for a job
+-- never started (shutdown) or one whose worker died (%(reclaim)s counts it
+-- against the reclaim budget).
+UPDATE pgfence.jobs
+   SET status      = 'queued',
+       locked_by   = NULL,
+       lease_until = NULL,
+       reclaims    = reclaims + CASE WHEN %(reclaim)s THEN 1 ELSE 0 END,
+       last_error  = coalesce(%(reason)s, last_error)
+ WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+RETURNING id;
+
+-- name: enqueue
+-- Enqueue one job through the SQL function, in the caller's transaction.
+SELECT pgfence.enqueue(%(kind)s, %(payload)s::jsonb, %(queue)s, %(priority)s,
+                       %(run_at)s, %(max_attempts)s, %(dedupe_key)s, %(max_reclaims)s);
+
+-- name: now
+-- The database clock, which alone decides when a lease runs out.
+SELECT now();
+
+-- name: complete_unfenced
+-- UNSAFE, used only by `pgfence demo` to show what happens without the fence:
+-- completes by id alone, as most queues do.
+UPDATE pgfence.jobs
+   SET status = 'done', finished_at = now(), locked_by = NULL, lease_until = NULL
+ WHERE id = %(id)s
+RETURNING id;

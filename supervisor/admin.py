@@ -1,0 +1,43 @@
+"""Operator commands: status, retry, cancel.  Each returns plain data, which
+the CLI prints as a table or as JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from . import db
+from .queries import q
+
+
+def status(conn: psycopg.Connection) -> dict[str, Any]:
+    """Counts per queue and status, and every running job with its lease."""
+    with db.translated():
+        counts: dict[str, dict[str, int]] = {}
+        for queue, state, jobs in conn.execute(q("status_counts")):
+            counts.setdefault(queue, {})[state] = jobs
+        running = [
+            {"id": r[0], "queue": r[1], "kind": r[2], "attempt": r[3], "locked_by": r[4],
+             "lease_left": round(r[5], 3) if r[5] is not None else None}
+            for r in conn.execute(q("running_jobs"))
+        ]
+    return {"queues": counts, "running": running}
+
+
+def retry(conn: psycopg.Connection, ids: list[int] | None, *, failed: bool = False,
+          extra_attempts: int = 1) -> list[int]:
+    """Queue failed or cancelled jobs again; return the ids that were."""
+    with db.translated():
+        if failed:
+            rows = conn.execute(q("retry_failed"), {"extra_attempts": extra_attempts}).fetchall()
+        else:
+            rows = conn.execute(q("retry_ids"), {"ids": ids or [], "extra_attempts": extra_attempts}).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def cancel(conn: psycopg.Connection, ids: list[int]) -> list[int]:
+    """Cancel queued or running jobs; return the ids that were."""
+    with db.translated():
+        rows = conn.execute(q("cancel_ids"), {"ids": ids}).fetchall()
+    return sorted(r[0] for r in rows)

@@ -1,0 +1,302 @@
+"""The ``pgfence`` command line.
+
+Every user mistake (bad JSON, unknown kind, unreachable database, invalid
+setting) ends as one line on stderr and a non-zero exit, never a traceback;
+input is validated before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import admin, db, embedded, migrate, registry, retention, settings as settings_mod
+from .errors import ConfigError, PgfenceError
+from .producer import enqueue
+
+log = logging.getLogger("pgfence")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"{self.prog}: {message}")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dsn", help="PostgreSQL DSN (default: PGFENCE_DSN, DATABASE_URL, else embedded)")
+    p.add_argument("--log-level", default=os.environ.get("PGFENCE_LOG_LEVEL", "INFO"),
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def _worker_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML settings file (default: PGFENCE_CONFIG)")
+    p.add_argument("--queues", help="comma-separated queues to claim from (default: default)")
+    p.add_argument("--lease", help="lease length in seconds (default 30)")
+    p.add_argument("--heartbeat", help="renewal interval in seconds (default: a third of the lease)")
+    p.add_argument("--batch", help="jobs claimed per statement (default 1)")
+    p.add_argument("--poll-interval", help="seconds between polls without NOTIFY (default 5)")
+    p.add_argument("--timeout", help="default handler timeout in seconds")
+    p.add_argument("--retention", help="delete finished jobs older than this (default 7d)")
+    p.add_argument("--handlers", help="comma-separated handler modules to import")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pgfence", description="A PostgreSQL job worker that fences every completion.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("migrate", help="create or upgrade the pgfence schema")
+    _common(p)
+
+    p = sub.add_parser("work", help="run one worker process in the foreground")
+    _common(p)
+    _worker_options(p)
+    p.add_argument("--burst", action="store_true", help="exit when no job is left to claim")
+    p.add_argument("--max-jobs", type=int, help="exit after this many jobs")
+    p.add_argument("--name", help="the worker's name in locked_by (default host:pid)")
+    # UNSAFE: no lease renewal, completion by id alone.  Only the demo (and the
+    # tests that reproduce the double run) use it, so it is not in --help.
+    p.add_argument("--unprotected", action="store_true", help=argparse.SUPPRESS)
+
+    p = sub.add_parser("enqueue", help="enqueue one job and print its id")
+    _common(p)
+    p.add_argument("kind")
+    p.add_argument("--payload", default="{}", help="the payload as JSON (default {})")
+    p.add_argument("--queue")
+    p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--delay", help="seconds from now before the job may run")
+    when.add_argument("--run-at", help="ISO 8601 time before which the job does not run")
+    p.add_argument("--max-attempts", type=int)
+    p.add_argument("--max-reclaims", type=int)
+    p.add_argument("--dedupe-key")
+    p.add_argument("--handlers", help="handler modules that define the kind (default: the bundled ones)")
+    p.add_argument("--any-kind", action="store_true",
+                   help="accept a kind no loaded handler module defines (a worker elsewhere knows it)")
+
+    p = sub.add_parser("status", help="jobs per queue and status, and running jobs")
+    _common(p)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("retry", help="queue failed or cancelled jobs again")
+    _common(p)
+    p.add_argument("ids", nargs="*", type=int)
+    p.add_argument("--failed", action="store_true", help="every failed job")
+
+    p = sub.add_parser("cancel", help="cancel queued or running jobs")
+    _common(p)
+    p.add_argument("ids", nargs="+", type=int)
+
+    p = sub.add_parser("prune", help="delete finished jobs older than the retention, once")
+    _common(p)
+    p.add_argument("--retention", default="7d", help="age of finished jobs to delete (default 7d)")
+
+    p = sub.add_parser("demo", help="the double-run story, with and without pgfence's protections")
+    _common(p)
+    p.add_argument("--lease", default="3", help="lease in seconds (default 3)")
+    p.add_argument("--render", default="10", help="seconds the receipt job works (default 10)")
+
+    p = sub.add_parser("dsn", help="print the DSN in use (password removed)")
+    _common(p)
+    return parser
+
+
+# -- helpers --------------------------------------------------------------------
+
+
+def _dsn(args: argparse.Namespace) -> tuple[str, bool]:
+    """The DSN and whether it is the embedded server."""
+    dsn = db.resolve_dsn(args.dsn)
+    if dsn:
+        return dsn, False
+    return embedded.start(), True
+
+
+def _connect(args: argparse.Namespace, *, auto_migrate: bool = True):
+    dsn, is_embedded = _dsn(args)
+    conn = db.connect(dsn)
+    # The embedded server is pgfence's own: set it up on first use so that a
+    # newcomer's first command just works.  A user's database is migrated
+    # only by an explicit `pgfence migrate`.
+    if is_embedded and auto_migrate:
+        migrate.apply(conn)
+    return dsn, conn
+
+
+def _worker_settings(args: argparse.Namespace) -> settings_mod.Settings:
+    cli = {name: getattr(args, name, None) for name in
+           ("queues", "lease", "heartbeat", "batch", "poll_interval", "timeout", "retention", "handlers")}
+    return settings_mod.load(cli, config_path=getattr(args, "config", None))
+
+
+def _parse_payload(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"invalid --payload: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+
+
+def _parse_time(text: str) -> dt.datetime:
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"invalid --run-at: not an ISO 8601 time: {text!r}") from None
+    if value.tzinfo is None:
+        value = value.astimezone()
+    return value
+
+
+# -- commands -------------------------------------------------------------------
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    dsn, conn = _connect(args, auto_migrate=False)
+    with conn:
+        applied = migrate.apply(conn)
+    for m in applied:
+        print(f"applied {m.version:04d}_{m.name}")
+    if not applied:
+        print("schema up to date")
+    return 0
+
+
+def cmd_work(args: argparse.Namespace) -> int:
+    from .worker import Worker
+
+    settings = _worker_settings(args)
+    if args.unprotected:
+        settings = settings.replace(renew=False, fence=False)
+        log.warning("UNPROTECTED worker: no lease renewal and no fence; a job may run twice")
+    registry.load(settings.handlers)
+    dsn, conn = _connect(args)
+    conn.close()
+    worker = Worker(dsn, settings, name=args.name)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        # Record only; the loop stops claiming and finishes the running job.
+        if worker.stopping:
+            raise KeyboardInterrupt
+        worker.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info("worker %s on queues %s (lease %ss, handlers: %s)", worker.name, ",".join(settings.queues),
+             settings.lease, ", ".join(registry.kinds()))
+    stats = worker.run(burst=args.burst, max_jobs=args.max_jobs)
+    log.info("worker %s stopped: %s", worker.name, stats.outcomes)
+    return 0
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    payload = _parse_payload(args.payload)
+    modules = [m for m in (args.handlers.split(",") if args.handlers else registry.DEFAULT_MODULES) if m.strip()]
+    registry.load(modules)
+    if not args.any_kind:
+        registry.get(args.kind)   # unknown kind: one line, nothing written
+    delay = settings_mod.parse_duration("--delay", args.delay) if args.delay is not None else None
+    run_at = _parse_time(args.run_at) if args.run_at else None
+    _dsn_value, conn = _connect(args)
+    with conn:
+        job_id = enqueue(conn, args.kind, payload, queue=args.queue, priority=args.priority,
+                         run_at=run_at, delay=delay, max_attempts=args.max_attempts,
+                         max_reclaims=args.max_reclaims, dedupe_key=args.dedupe_key)
+    print(job_id)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    _dsn_value, conn = _connect(args)
+    with conn:
+        data = admin.status(conn)
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    states = ["queued", "running", "done", "failed", "cancelled"]
+    print(f"{'queue':<16}" + "".join(f"{s:>11}" for s in states))
+    for queue, counts in sorted(data["queues"].items()):
+        print(f"{queue:<16}" + "".join(f"{counts.get(s, 0):>11}" for s in states))
+    if data["running"]:
+        print()
+        print(f"{'running id':>10}  {'queue':<12} {'kind':<16} {'attempt':>7}  {'lease left':>10}  owner")
+        for r in data["running"]:
+            print(f"{r['id']:>10}  {r['queue']:<12} {r['kind']:<16} {r['attempt']:>7}  "
+                  f"{r['lease_left']:>9.1f}s  {r['locked_by']}")
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    if not args.ids and not args.failed:
+        raise ConfigError("pgfence retry: give job ids or --failed")
+    _dsn_value, conn = _connect(args)
+    with conn:
+        ids = admin.retry(conn, args.ids, failed=args.failed)
+    print(f"requeued {len(ids)} job(s)" + (f": {' '.join(map(str, ids))}" if ids else ""))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    _dsn_value, conn = _connect(args)
+    with conn:
+        ids = admin.cancel(conn, args.ids)
+    print(f"cancelled {len(ids)} job(s)" + (f": {' '.join(map(str, ids))}" if ids else ""))
+    return 0 if ids else 1
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    seconds = settings_mod.parse_duration("--retention", args.retention)
+    if seconds <= 0:
+        raise ConfigError("invalid --retention: must be positive")
+    _dsn_value, conn = _connect(args)
+    with conn:
+        deleted = retention.prune(conn, seconds)
+    print(f"deleted {deleted} finished job(s)")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from . import demo
+
+    lease = settings_mod.parse_duration("--lease", args.lease)
+    render = settings_mod.parse_duration("--render", args.render)
+    if lease <= 0 or render <= 0:
+        raise ConfigError("invalid --lease/--render: must be positive")
+    dsn, conn = _connect(args)
+    conn.close()
+    return demo.run(dsn, lease=lease, render=render)
+
+
+def cmd_dsn(args: argparse.Namespace) -> int:
+    dsn, _ = _dsn(args)
+    print(db.redact(dsn))
+    return 0
+
+
+COMMANDS = {
+    "migrate": cmd_migrate, "work": cmd_work, "enqueue": cmd_enqueue, "status": cmd_status,
+    "retry": cmd_retry, "cancel": cmd_cancel, "prune": cmd_prune, "demo": cmd_demo, "dsn": cmd_dsn,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        logging.basicConfig(level=getattr(args, "log_level", "INFO"), stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return COMMANDS[args.command](args)
+    except PgfenceError as exc:
+        print(f"pgfence: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("pgfence: interrupted", file=sys.stderr)
+        return 130
+    except (db.psycopg.Error, OSError) as exc:
+        print(f"pgfence: error: {db.translate(exc)}", file=sys.stderr)
+        return 1

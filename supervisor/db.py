@@ -1,0 +1,116 @@
+"""Connections, DSN resolution and the one place where driver errors become
+pgfence errors.
+
+The DSN comes from ``--dsn``, then ``PGFENCE_DSN``, then ``DATABASE_URL``;
+with none of them pgfence starts its embedded PostgreSQL.  A DSN is shown to
+people only through :func:`redact`, which drops the password.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from .errors import DatabaseUnavailable, LeaseLost, PgfenceError, SchemaMissing
+
+#: Seconds to wait for a TCP connection before calling the database unreachable.
+CONNECT_TIMEOUT = 5
+
+
+def resolve_dsn(cli_dsn: str | None = None, env: Mapping[str, str] | None = None) -> str | None:
+    """The DSN to use, or None when the embedded server should be started."""
+    env = os.environ if env is None else env
+    for value in (cli_dsn, env.get("PGFENCE_DSN"), env.get("DATABASE_URL")):
+        if value:
+            return value
+    return None
+
+
+def redact(dsn: str) -> str:
+    """The DSN with its password removed, fit for logs and messages."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparseable dsn>"
+    params.pop("password", None)
+    return make_conninfo("", **{k: v for k, v in params.items() if v is not None})
+
+
+def conninfo(dsn: str, application_name: str = "pgfence", **extra: object) -> str:
+    """The DSN with pgfence's connection defaults added.
+
+    TCP keepalives and ``tcp_user_timeout`` make a connection that stops
+    carrying packets fail within seconds instead of hanging for minutes, so a
+    partition is seen before a lease could run out.
+    """
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise DatabaseUnavailable(f"invalid DSN: {first_line(exc)}") from None
+    defaults = {
+        "application_name": application_name,
+        "connect_timeout": CONNECT_TIMEOUT,
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 2,
+        "tcp_user_timeout": 10000,
+    }
+    for key, value in defaults.items():
+        params.setdefault(key, value)
+    params.update(extra)
+    return make_conninfo("", **params)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def translate(exc: BaseException, dsn: str | None = None) -> PgfenceError:
+    """The pgfence error for a driver error."""
+    if isinstance(exc, PgfenceError):
+        return exc
+    if isinstance(exc, pgerrors.UndefinedTable | pgerrors.InvalidSchemaName | pgerrors.UndefinedFunction):
+        return SchemaMissing(f"pgfence schema missing ({first_line(exc)}): run 'pgfence migrate'")
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | OSError):
+        where = f" ({redact(dsn)})" if dsn else ""
+        return DatabaseUnavailable(f"database unreachable{where}: {first_line(exc)}")
+    return PgfenceError(f"database error: {first_line(exc)}")
+
+
+@contextlib.contextmanager
+def translated(dsn: str | None = None) -> Iterator[None]:
+    """Re-raise driver errors inside the block as pgfence errors."""
+    try:
+        yield
+    except PgfenceError:
+        raise
+    except (psycopg.Error, OSError) as exc:
+        raise translate(exc, dsn) from exc
+
+
+def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgfence") -> psycopg.Connection:
+    """Open one connection, translating failures into DatabaseUnavailable."""
+    with translated(dsn):
+        return psycopg.connect(
+            conninfo(dsn, application_name=application_name),
+            autocommit=autocommit,
+            prepare_threshold=None,
+        )
+
+
+def is_serialization_failure(exc: BaseException) -> bool:
+    return isinstance(exc, pgerrors.SerializationFailure)
+
+
+def fence_error(exc: BaseException, job_id: int, attempt: int) -> LeaseLost | None:
+    """A serialization failure on a fenced write means another attempt won."""
+    if is_serialization_failure(exc):
+        return LeaseLost(job_id, attempt, "fence_rejected")
+    return None

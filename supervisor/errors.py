@@ -1,0 +1,54 @@
+"""The one exception hierarchy of pgfence.
+
+Driver errors are translated into these in one place, ``supervisor.db``; the
+CLI prints any :class:`PgfenceError` as one line and exits non-zero.
+"""
+
+
+class PgfenceError(Exception):
+    """Base of every error pgfence raises on purpose."""
+
+    #: The process exit status the CLI uses for this error.
+    exit_code = 1
+
+
+class ConfigError(PgfenceError):
+    """A setting, an argument or a payload the user gave is invalid."""
+
+    exit_code = 2
+
+
+class UnknownHandler(ConfigError):
+    """No handler is registered for a job kind."""
+
+
+class HandlerImportError(ConfigError):
+    """A handler module named with ``--handlers`` could not be imported."""
+
+
+class DatabaseUnavailable(PgfenceError):
+    """The database cannot be reached, or the connection broke."""
+
+
+class SchemaMissing(PgfenceError):
+    """The pgfence schema is not there: run ``pgfence migrate`` first."""
+
+
+class LeaseLost(PgfenceError):
+    """This attempt no longer owns its job.
+
+    Raised by :meth:`Job.check` once the lease is known to be gone, and by the
+    fenced completion when the ``(id, attempt)`` fence matches no row; the
+    handler's writes in that transaction are rolled back.
+    """
+
+    def __init__(self, job_id: int, attempt: int, reason: str):
+        super().__init__(f"job {job_id} attempt {attempt}: lease lost ({reason})")
+        self.job_id = job_id
+        self.attempt = attempt
+        self.reason = reason
+
+
+class PayloadRejected(PgfenceError):
+    """A handler refuses a payload it cannot work with; the job fails at once,
+    without retries."""

@@ -1,0 +1,186 @@
+"""The heartbeat manager: renews the leases of many running jobs in ONE
+statement per interval.
+
+It learns per job which renewals were rejected (the attempt no longer owns
+the job, or the job was cancelled) and marks those leases lost; when the
+database cannot be reached it marks a lease lost once its local deadline
+passes (see :mod:`supervisor.lease`).  A job that has run longer than its
+kind's timeout is no longer renewed.
+
+The manager is a plain object with :meth:`run_once`, which returns what it
+did; :meth:`start` runs it in a thread for an in-process worker, and the
+supervisor runs it in a process of its own for all children.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from . import db, metrics
+from .lease import Lease
+from .queries import q
+
+log = logging.getLogger("pgfence.heartbeat")
+
+
+@dataclass
+class RenewResult:
+    """What one round did."""
+
+    sent: int = 0            # leases in the renewal statement (0: no statement)
+    renewed: int = 0
+    lost: dict[str, int] = field(default_factory=dict)   # reason -> count
+    error: str | None = None  # the database error of this round, if any
+
+    def add_lost(self, reason: str) -> None:
+        self.lost[reason] = self.lost.get(reason, 0) + 1
+
+
+class HeartbeatManager:
+    """Renews every tracked lease in one batched statement per ``interval``.
+
+    ``interval`` defaults to a third of the shortest lease it tracks, or of
+    ``default_lease``.  ``statements`` counts the renewal statements sent.
+    """
+
+    def __init__(self, dsn: str, *, default_lease: float = 30.0, interval: float | None = None,
+                 application_name: str = "pgfence heartbeat"):
+        if default_lease <= 0:
+            raise ValueError("default_lease must be positive")
+        if interval is not None and interval <= 0:
+            raise ValueError("interval must be positive")
+        self.dsn = dsn
+        self.default_lease = default_lease
+        self.interval = interval if interval is not None else default_lease / 3
+        self.statements = 0
+        self._leases: dict[tuple[int, int], Lease] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # The statement may not outlive the interval: a renewal that is late
+        # is worth nothing, and the next round tries again.
+        timeout_ms = max(100, int(self.interval * 1000))
+        self._pool = ConnectionPool(
+            db.conninfo(dsn, application_name=application_name, options=f"-c statement_timeout={timeout_ms}"),
+            min_size=1, max_size=1, open=False, timeout=max(1.0, self.interval),
+            kwargs={"autocommit": True, "prepare_threshold": None},
+            reconnect_timeout=3600 * 24 * 365,
+            name="pgfence-heartbeat",
+        )
+        self._opened = False
+
+    # -- tracking ---------------------------------------------------------
+
+    def track(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases[(lease.id, lease.attempt)] = lease
+
+    def untrack(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases.pop((lease.id, lease.attempt), None)
+
+    def tracked(self) -> list[Lease]:
+        with self._lock:
+            return list(self._leases.values())
+
+    # -- one round --------------------------------------------------------
+
+    def run_once(self) -> RenewResult:
+        """Renew all held leases in one statement; return what happened."""
+        result = RenewResult()
+        now = time.monotonic()
+        live: list[Lease] = []
+        for lease in self.tracked():
+            if lease.lost_reason is not None:
+                continue
+            if lease.timed_out(now):
+                if lease.mark_lost("timeout"):
+                    result.add_lost("timeout")
+                continue
+            if lease.expired(now):
+                if lease.mark_lost("renewal_failed"):
+                    result.add_lost("renewal_failed")
+                continue
+            live.append(lease)
+        if not live:
+            return result
+        result.sent = len(live)
+        params = {
+            "ids": [lease.id for lease in live],
+            "attempts": [lease.attempt for lease in live],
+            "leases": [lease.seconds for lease in live],
+        }
+        sent_at = time.monotonic()
+        try:
+            self._open()
+            with self._pool.connection() as conn:
+                self.statements += 1
+                rows = conn.execute(q("renew"), params).fetchall()
+        except (psycopg.Error, OSError, Exception) as exc:  # noqa: BLE001 - any failure is a failed round
+            result.error = db.first_line(exc)
+            log.warning("lease renewal failed: %s", result.error)
+            now = time.monotonic()
+            for lease in live:
+                if lease.expired(now) and lease.mark_lost("renewal_failed"):
+                    result.add_lost("renewal_failed")
+            return result
+        finally:
+            metrics.HEARTBEAT_DURATION.observe(time.monotonic() - sent_at)
+        by_key = {(lease.id, lease.attempt): lease for lease in live}
+        for job_id, attempt, renewed, status, _current in rows:
+            lease = by_key[(job_id, attempt)]
+            if renewed:
+                lease.renewed(sent_at)
+                result.renewed += 1
+            else:
+                reason = "cancelled" if status == "cancelled" else "renewal_rejected"
+                if lease.mark_lost(reason):
+                    result.add_lost(reason)
+        return result
+
+    # -- in-process thread ----------------------------------------------------
+
+    def _open(self) -> None:
+        if not self._opened:
+            self._pool.open(wait=False)
+            self._opened = True
+
+    def start(self) -> None:
+        """Run :meth:`run_once` every interval in a daemon thread."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="pgfence-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            # Reschedule before the work, so one slow or failed round does not
+            # shift or stop the rounds after it.
+            next_at += self.interval
+            try:
+                self.run_once()
+            except Exception:  # noqa: BLE001 - the loop must survive anything
+                log.exception("heartbeat round crashed")
+            delay = next_at - time.monotonic()
+            if delay < 0:
+                next_at = time.monotonic()
+                delay = 0
+            self._stop.wait(delay)
+
+    def stop(self) -> None:
+        """Stop the thread (if any) and close the pool; idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(5.0, self.interval * 2))
+            self._thread = None
+        if self._opened:
+            self._pool.close(timeout=1.0)
+            self._opened = False

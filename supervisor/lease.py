@@ -1,0 +1,67 @@
+"""A lease as its holder sees it: the local deadline and whether it is lost.
+
+The deadline is local (``time.monotonic``) and always conservative: it is the
+time a claim or renewal statement was SENT plus the lease length, and the
+database stamps ``lease_until = now() + lease`` no earlier than that.  So when
+the database cannot be reached, the holder gives the job up before the
+database could hand it to someone else.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from . import metrics
+
+
+@dataclass(eq=False)
+class Lease:
+    id: int
+    attempt: int
+    seconds: float
+    queue: str = "default"
+    kind: str = ""
+    #: Monotonic time after which the lease must be taken as lost.
+    deadline: float = 0.0
+    #: Monotonic time the job was claimed; with ``timeout`` it bounds the run.
+    claimed_at: float = field(default_factory=time.monotonic)
+    timeout: float | None = None
+    #: When false the deadline is not enforced (the demo's unprotected mode).
+    enforce_deadline: bool = True
+    lost_reason: str | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def renewed(self, sent_at: float) -> None:
+        """A renewal sent at ``sent_at`` was accepted by the database."""
+        with self._lock:
+            if self.lost_reason is None:
+                self.deadline = max(self.deadline, sent_at + self.seconds)
+
+    def mark_lost(self, reason: str) -> bool:
+        """Record that the lease is gone; True the first time only.
+
+        The first reason wins and is counted once in
+        ``pgfence_lease_lost_total``.
+        """
+        with self._lock:
+            if self.lost_reason is not None:
+                return False
+            self.lost_reason = reason
+        metrics.LEASE_LOST.labels(self.queue, self.kind, reason).inc()
+        return True
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.enforce_deadline and (time.monotonic() if now is None else now) >= self.deadline
+
+    def lost(self) -> str | None:
+        """The reason the lease is lost, or None while it is held."""
+        if self.lost_reason is None and self.expired():
+            self.mark_lost("renewal_failed")
+        return self.lost_reason
+
+    def timed_out(self, now: float | None = None) -> bool:
+        if self.timeout is None:
+            return False
+        return (time.monotonic() if now is None else now) - self.claimed_at >= self.timeout

@@ -1,0 +1,79 @@
+"""Enqueue from Python, inside the caller's own transaction.
+
+::
+
+    with conn.transaction():
+        conn.execute("INSERT INTO orders ...")
+        enqueue(conn, "send_receipt", {"order_id": 42})
+
+The job is committed with the caller's write or rolled back with it.  The SQL
+function ``pgfence.enqueue(...)`` does the same for producers in any language.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from . import db, registry
+from .errors import ConfigError
+from .queries import q
+
+
+def enqueue(
+    conn: psycopg.Connection,
+    kind: str,
+    payload: Any = None,
+    *,
+    queue: str | None = None,
+    priority: int = 0,
+    run_at: dt.datetime | None = None,
+    delay: float | None = None,
+    max_attempts: int | None = None,
+    max_reclaims: int | None = None,
+    dedupe_key: str | None = None,
+) -> int:
+    """Enqueue one job on ``conn`` and return its id.
+
+    ``queue``, ``max_attempts`` and ``max_reclaims`` default to the options of
+    the kind's handler when it is registered in this process.  With a
+    ``dedupe_key`` the id of the live (queued or running) job holding that key
+    is returned instead of a new one.
+    """
+    if not kind:
+        raise ConfigError("a job needs a kind")
+    if delay is not None and run_at is not None:
+        raise ConfigError("give delay or run_at, not both")
+    if delay is not None and delay < 0:
+        raise ConfigError(f"invalid delay: must be 0 or more seconds, got {delay}")
+    if max_attempts is not None and max_attempts < 1:
+        raise ConfigError(f"invalid max-attempts: must be at least 1, got {max_attempts}")
+    if max_reclaims is not None and max_reclaims < 0:
+        raise ConfigError(f"invalid max-reclaims: must be 0 or more, got {max_reclaims}")
+    try:
+        json.dumps(payload if payload is not None else {})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"payload is not JSON-serialisable: {exc}") from None
+    spec = registry.find(kind)
+    if spec is not None:
+        queue = queue or spec.queue
+        max_attempts = max_attempts if max_attempts is not None else spec.max_attempts
+        max_reclaims = max_reclaims if max_reclaims is not None else spec.max_reclaims
+    if delay is not None:
+        run_at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=delay)
+    params = {
+        "kind": kind,
+        "payload": Jsonb(payload if payload is not None else {}),
+        "queue": queue or "default",
+        "priority": priority,
+        "run_at": run_at,
+        "max_attempts": max_attempts,
+        "dedupe_key": dedupe_key,
+        "max_reclaims": max_reclaims,
+    }
+    with db.translated():
+        return conn.execute(q("enqueue"), params).fetchone()[0]

@@ -1,0 +1,175 @@
+"""Settings: documented defaults, validated at construction.
+
+Sources, later ones winning: the defaults below, an optional TOML file
+(``--config`` or ``PGFENCE_CONFIG``), environment variables ``PGFENCE_<NAME>``
+and the command line.  An invalid value raises :class:`ConfigError` with one
+line naming the setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+from .registry import DEFAULT_MODULES
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+@dataclass(frozen=True)
+class Settings:
+    #: Queues this worker claims from.
+    queues: tuple[str, ...] = ("default",)
+    #: Lease length in seconds (a handler's ``lease`` option wins for its kind).
+    lease: float = 30.0
+    #: Renewal interval in seconds; None means a third of the lease.
+    heartbeat: float | None = None
+    #: Jobs claimed per claim statement.
+    batch: int = 1
+    #: Seconds between polls when no NOTIFY arrives.
+    poll_interval: float = 5.0
+    #: Default handler timeout in seconds (None: no timeout).
+    timeout: float | None = None
+    #: Retry backoff: base * 2**(attempt-1) seconds, capped, with jitter.
+    backoff_base: float = 1.0
+    backoff_max: float = 300.0
+    #: Finished jobs older than this many seconds are deleted (None: kept).
+    retention: float | None = 7 * 86400.0
+    #: Seconds between retention runs inside the worker system.
+    prune_interval: float = 60.0
+    #: Handler modules to import, by dotted path.
+    handlers: tuple[str, ...] = DEFAULT_MODULES
+    #: Worker processes under ``pgfence run``.
+    workers: int = 2
+    #: Seconds a SIGTERM drain waits for running jobs.
+    graceful_timeout: float = 30.0
+    #: Seconds a child may keep running a job whose lease is lost.
+    lost_lease_kill_after: float = 5.0
+    #: Renew leases and fence completions.  Only ``pgfence demo`` turns
+    #: these off, to show what goes wrong without them.
+    renew: bool = field(default=True, metadata={"hidden": True})
+    fence: bool = field(default=True, metadata={"hidden": True})
+
+    def __post_init__(self) -> None:
+        positive = ["lease", "poll_interval", "backoff_base", "backoff_max", "prune_interval",
+                    "graceful_timeout", "lost_lease_kill_after"]
+        for name in positive:
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"invalid {name}: must be a positive number of seconds, got {value!r}")
+        for name in ("heartbeat", "timeout", "retention"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"invalid {name}: must be a positive number of seconds, got {value!r}")
+        for name in ("batch", "workers"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ConfigError(f"invalid {name}: must be a whole number of at least 1, got {value!r}")
+        if self.heartbeat is not None and self.heartbeat >= self.lease:
+            raise ConfigError(f"invalid heartbeat: {self.heartbeat}s must be shorter than the lease ({self.lease}s)")
+        if not self.queues or any(not q for q in self.queues):
+            raise ConfigError("invalid queues: give one or more non-empty queue names")
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self.heartbeat if self.heartbeat is not None else self.lease / 3
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+def parse_duration(name: str, text: Any) -> float:
+    """Seconds from ``12``, ``1.5``, ``250ms``, ``30s``, ``5m``, ``2h`` or ``7d``."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        return float(text)
+    match = _DURATION.match(str(text))
+    if not match:
+        raise ConfigError(f"invalid {name}: expected seconds (like 30, 30s, 5m, 7d), got {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _convert(name: str, kind: Any, value: Any) -> Any:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        if "None" in str(kind):
+            return None
+        raise ConfigError(f"invalid {name}: a value is required")
+    text = str(kind)
+    if "tuple" in text:
+        if isinstance(value, list | tuple):
+            return tuple(str(v).strip() for v in value if str(v).strip())
+        return tuple(v.strip() for v in str(value).split(",") if v.strip())
+    if "bool" in text:
+        if isinstance(value, bool):
+            return value
+        lowered = str(value).strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"invalid {name}: expected true or false, got {value!r}")
+    if "int" in text and "float" not in text:
+        try:
+            if isinstance(value, float) or isinstance(value, bool):
+                raise ValueError
+            return int(str(value).strip())
+        except ValueError:
+            raise ConfigError(f"invalid {name}: expected a whole number, got {value!r}") from None
+    return parse_duration(name, value)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def from_mapping(values: Mapping[str, Any], source: str, base: Settings | None = None) -> Settings:
+    """A Settings with ``values`` (names with - or _) converted and applied."""
+    changes = {}
+    for raw_name, value in values.items():
+        name = raw_name.replace("-", "_")
+        if name not in _FIELDS:
+            raise ConfigError(f"unknown setting {raw_name!r} in {source}")
+        changes[name] = _convert(name.replace("_", "-"), _FIELDS[name].type, value)
+    return dataclasses.replace(base or Settings(), **changes)
+
+
+def from_env(env: Mapping[str, str]) -> dict[str, str]:
+    out = {}
+    for name, f in _FIELDS.items():
+        if f.metadata.get("hidden"):
+            continue
+        key = "PGFENCE_" + name.upper()
+        if key in env:
+            out[name] = env[key]
+    return out
+
+
+def from_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"invalid config file {path}: {exc}") from None
+    # Settings may sit at the top level or under [pgfence].
+    return dict(data.get("pgfence", data))
+
+
+def load(cli: Mapping[str, Any], env: Mapping[str, str] | None = None,
+         config_path: str | None = None) -> Settings:
+    """Defaults < TOML file < environment < command line."""
+    env = os.environ if env is None else env
+    settings = Settings()
+    path = config_path or env.get("PGFENCE_CONFIG")
+    if path:
+        settings = from_mapping(from_toml(path), path, settings)
+    settings = from_mapping(from_env(env), "the environment", settings)
+    given = {k: v for k, v in cli.items() if v is not None}
+    return from_mapping(given, "the command line", settings)

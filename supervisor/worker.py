@@ -1,0 +1,305 @@
+"""The worker: claims jobs, runs their handlers, completes them through the
+fence.
+
+One worker is one process with one connection.  In this module it runs on
+its own (``pgfence work``), with the heartbeat manager in a thread; the
+supervisor forks many of them and moves the heartbeat into a process of its
+own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psycopg
+
+from . import db, metrics, registry, retention
+from .errors import DatabaseUnavailable, LeaseLost, PayloadRejected, PgfenceError, UnknownHandler
+from .heartbeat import HeartbeatManager
+from .job import Job
+from .lease import Lease
+from .queries import q
+from .settings import Settings
+
+log = logging.getLogger("pgfence.worker")
+
+#: Outcomes returned by Worker.run_job, also what the tests assert.
+DONE, RETRIED, FAILED, LOST, RELEASED = "done", "retried", "failed", "lost", "released"
+
+
+def default_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class Stats:
+    claimed: int = 0
+    reclaimed: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+    def add(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+
+class Worker:
+    """Claims and runs jobs from ``settings.queues``.
+
+    ``heartbeat`` is the manager that renews this worker's leases; when None
+    the worker starts its own in a thread.  ``on_job`` (if given) is called
+    with each job before and after it runs (the supervisor's process title).
+    """
+
+    def __init__(self, dsn: str, settings: Settings, *, name: str | None = None,
+                 heartbeat: HeartbeatManager | None = None,
+                 on_job: Callable[[Job | None], None] | None = None):
+        self.dsn = dsn
+        self.settings = settings
+        self.name = name or default_name()
+        self.stats = Stats()
+        self.on_job = on_job
+        self._stop = threading.Event()
+        self._conn: psycopg.Connection | None = None
+        self._listening = False
+        self._own_heartbeat = heartbeat is None and settings.renew
+        self.heartbeat = heartbeat
+        if self._own_heartbeat:
+            self.heartbeat = HeartbeatManager(dsn, default_lease=settings.lease, interval=settings.heartbeat)
+        self._last_prune = time.monotonic()
+
+    # -- connection -----------------------------------------------------------
+
+    @property
+    def conn(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = db.connect(self.dsn, application_name=f"pgfence worker {self.name}")
+            self._listening = False
+        return self._conn
+
+    def close(self) -> None:
+        if self.heartbeat is not None and self._own_heartbeat:
+            self.heartbeat.stop()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- claim ----------------------------------------------------------------
+
+    def claim(self, batch: int | None = None) -> list[Job]:
+        """Claim up to ``batch`` jobs; return those to run (a reclaim past its
+        budget comes back failed and is not returned)."""
+        specs = registry.specs()
+        lease_kinds = [s.kind for s in specs if s.lease is not None]
+        lease_secs = [float(s.lease) for s in specs if s.lease is not None]
+        params = {
+            "queues": list(self.settings.queues),
+            "batch": batch or self.settings.batch,
+            "worker": self.name,
+            "lease": float(self.settings.lease),
+            "lease_kinds": lease_kinds,
+            "lease_secs": lease_secs,
+        }
+        sent_at = time.monotonic()
+        with db.translated(self.dsn):
+            rows = self.conn.execute(q("claim"), params).fetchall()
+        jobs = []
+        for row in rows:
+            (job_id, queue, kind, payload, status, attempt, max_attempts, _reclaims, _max_reclaims,
+             _priority, dedupe_key, _created_at, run_at, last_error, prev_status, lease_left) = row
+            if prev_status == "running":
+                metrics.RECLAIMS.labels(queue, kind).inc()
+                self.stats.reclaimed += 1
+            if status == "failed":
+                log.warning("job %s (%s) failed at claim: %s", job_id, kind, last_error)
+                metrics.JOBS_FAILED.labels(queue, kind).inc()
+                self.stats.add(FAILED)
+                continue
+            metrics.JOBS_CLAIMED.labels(queue, kind).inc()
+            self.stats.claimed += 1
+            spec = registry.find(kind)
+            seconds = (spec.lease if spec and spec.lease else self.settings.lease)
+            lease = Lease(job_id, attempt, seconds, queue, kind,
+                          deadline=sent_at + seconds,
+                          timeout=(spec.timeout if spec and spec.timeout else self.settings.timeout),
+                          enforce_deadline=self.settings.renew)
+            if self.heartbeat is not None and self.settings.renew:
+                self.heartbeat.track(lease)
+            metrics.JOB_WAIT.labels(queue, kind).observe(max(0.0, time.time() - run_at.timestamp()))
+            jobs.append(Job(job_id, kind, queue, attempt, payload, lease, max_attempts, dedupe_key,
+                            conn=self.conn, fence=self.settings.fence))
+        return jobs
+
+    # -- run one job ----------------------------------------------------------
+
+    def run_job(self, job: Job) -> str:
+        """Run one claimed job to its end and return the outcome."""
+        if self.on_job:
+            self.on_job(job)
+        started = time.monotonic()
+        try:
+            outcome = self._run(job)
+        finally:
+            if self.heartbeat is not None:
+                self.heartbeat.untrack(job.lease)
+            metrics.JOB_DURATION.labels(job.queue, job.kind).observe(time.monotonic() - started)
+            if self.on_job:
+                self.on_job(None)
+        self.stats.add(outcome)
+        return outcome
+
+    def _run(self, job: Job) -> str:
+        try:
+            spec = registry.get(job.kind)
+        except UnknownHandler as exc:
+            return self._fail(job, str(exc), final=True)
+        try:
+            spec.func(job)
+            if not job.completed:
+                with job.fenced():
+                    pass
+        except LeaseLost as exc:
+            log.warning("job %s attempt %s lost its lease (%s); its writes were rolled back",
+                        job.id, job.attempt, exc.reason)
+            return LOST
+        except PayloadRejected as exc:
+            return self._fail(job, f"payload rejected: {exc}", final=True)
+        except PgfenceError as exc:
+            if isinstance(exc, DatabaseUnavailable):
+                self._drop_connection()
+            return self._fail(job, f"{type(exc).__name__}: {exc}", final=False)
+        except Exception as exc:  # noqa: BLE001 - a handler may raise anything
+            return self._fail(job, f"{type(exc).__name__}: {db.first_line(exc)}", final=False)
+        metrics.JOBS_COMPLETED.labels(job.queue, job.kind).inc()
+        return DONE
+
+    def backoff(self, attempt: int) -> float:
+        """Exponential backoff with jitter: half to all of base * 2**(attempt-1)."""
+        base = min(self.settings.backoff_max, self.settings.backoff_base * 2 ** max(0, attempt - 1))
+        return base * random.uniform(0.5, 1.0)
+
+    def _fail(self, job: Job, error: str, *, final: bool) -> str:
+        """Report a failed attempt through the fence (retry or fail)."""
+        params = {"id": job.id, "attempt": job.attempt, "error": error[:2000],
+                  "final": final, "backoff": self.backoff(job.attempt)}
+        try:
+            with db.translated(self.dsn):
+                row = self.conn.execute(q("fail_or_retry"), params).fetchone()
+        except DatabaseUnavailable as exc:
+            log.warning("job %s attempt %s: could not report its error (%s)", job.id, job.attempt, exc)
+            self._drop_connection()
+            return LOST
+        if row is None:
+            # The fence refused a stale attempt's report: the job has a new
+            # owner (or was cancelled) and its state must not be overwritten.
+            metrics.DOUBLE_RUN_PREVENTED.labels(job.queue, job.kind).inc()
+            job.lease.mark_lost("fence_rejected")
+            return LOST
+        if row[0] == "failed":
+            log.info("job %s (%s) failed for good on attempt %s", job.id, job.kind, job.attempt)
+            metrics.JOBS_FAILED.labels(job.queue, job.kind).inc()
+            return FAILED
+        log.info("job %s (%s) attempt %s failed; retrying", job.id, job.kind, job.attempt)
+        metrics.JOBS_RETRIED.labels(job.queue, job.kind).inc()
+        return RETRIED
+
+    def release(self, job: Job, *, reclaim: bool = False, reason: str | None = None) -> bool:
+        """Hand a claimed job back to the queue (fenced); True if it was still ours."""
+        if self.heartbeat is not None:
+            self.heartbeat.untrack(job.lease)
+        try:
+            with db.translated(self.dsn):
+                row = self.conn.execute(q("release"), {"id": job.id, "attempt": job.attempt,
+                                                       "reclaim": reclaim, "reason": reason}).fetchone()
+        except DatabaseUnavailable:
+            return False
+        if row is not None:
+            metrics.JOBS_RELEASED.labels(job.queue, job.kind).inc()
+            self.stats.add(RELEASED)
+        return row is not None
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- the loop ---------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop claiming; the job running now is finished first."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run_once(self) -> int:
+        """Claim one batch and run it; return how many jobs were claimed."""
+        jobs = self.claim()
+        for index, job in enumerate(jobs):
+            if self.stopping:
+                for rest in jobs[index:]:
+                    self.release(rest)
+                break
+            self.run_job(job)
+        return len(jobs)
+
+    def run(self, *, burst: bool = False, max_jobs: int | None = None) -> Stats:
+        """Work until asked to stop (or, with ``burst``, until the queue is empty)."""
+        if self.heartbeat is not None and self._own_heartbeat:
+            self.heartbeat.start()
+        try:
+            while not self.stopping:
+                try:
+                    claimed = self.run_once()
+                except DatabaseUnavailable as exc:
+                    log.warning("database unavailable: %s", exc)
+                    self._drop_connection()
+                    self._stop.wait(self.settings.poll_interval)
+                    continue
+                self._maybe_prune()
+                if max_jobs is not None and sum(self.stats.outcomes.values()) >= max_jobs:
+                    break
+                if claimed == 0:
+                    if burst:
+                        break
+                    self._wait_for_work()
+        finally:
+            self.close()
+        return self.stats
+
+    def _wait_for_work(self) -> None:
+        """Sleep until a NOTIFY from an enqueue, the poll interval, or a stop."""
+        try:
+            conn = self.conn
+            if not self._listening:
+                conn.execute("LISTEN pgfence_jobs")
+                self._listening = True
+            deadline = time.monotonic() + self.settings.poll_interval
+            while not self.stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                # Short slices keep a stop request prompt.
+                for note in conn.notifies(timeout=min(left, 0.25)):
+                    if note.payload in self.settings.queues or not note.payload:
+                        return
+        except (psycopg.Error, OSError):
+            self._drop_connection()
+            self._stop.wait(min(1.0, self.settings.poll_interval))
+
+    def _maybe_prune(self) -> None:
+        if self.settings.retention is None:
+            return
+        if time.monotonic() - self._last_prune < self.settings.prune_interval:
+            return
+        self._last_prune = time.monotonic()
+        try:
+            retention.prune(self.conn, self.settings.retention)
+        except PgfenceError as exc:
+            log.warning("retention prune failed: %s", exc)

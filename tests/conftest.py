@@ -1,0 +1,111 @@
+"""Shared fixtures: a fresh PostgreSQL database per test, on a real server.
+
+Every test that takes ``dsn`` runs against each backend in
+``PGFENCE_TEST_BACKENDS`` (default ``server,embedded``):
+
+- ``server``: the PostgreSQL at ``PGFENCE_TEST_DSN``
+  (default ``postgresql://postgres@127.0.0.1:5432/postgres``);
+- ``embedded``: pgfence's embedded PostgreSQL 18, started once per session
+  in a temporary folder and stopped at the end.
+
+A migrated template database is made once per backend; each test gets its
+own copy (``CREATE DATABASE ... TEMPLATE``) and it is dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from pgtools import admin_connect, with_dbname  # noqa: E402
+
+BACKENDS = [b.strip() for b in os.environ.get("PGFENCE_TEST_BACKENDS", "server,embedded").split(",") if b.strip()]
+SERVER_DSN = os.environ.get("PGFENCE_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture(scope="session")
+def embedded_admin_dsn(tmp_path_factory):
+    from supervisor import embedded
+
+    pgdata = tmp_path_factory.mktemp("embedded") / "pgdata"
+    dsn = embedded.start(pgdata)
+    yield dsn
+    embedded.stop(pgdata)
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request):
+    """(name, admin DSN, template database name) for one backend."""
+    name = request.param
+    if name == "server":
+        admin_dsn = SERVER_DSN
+    elif name == "embedded":
+        admin_dsn = request.getfixturevalue("embedded_admin_dsn")
+    else:
+        raise pytest.UsageError(f"unknown backend {name!r} in PGFENCE_TEST_BACKENDS")
+    template = f"pgfence_tmpl_{uuid.uuid4().hex[:10]}"
+    with admin_connect(admin_dsn) as conn:
+        conn.execute(f'CREATE DATABASE "{template}"')
+    try:
+        from supervisor import migrate
+
+        with psycopg.connect(with_dbname(admin_dsn, template), autocommit=True) as conn:
+            migrate.apply(conn)
+        yield name, admin_dsn, template
+    finally:
+        with admin_connect(admin_dsn) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)')
+
+
+@pytest.fixture
+def dsn(backend):
+    """A DSN to a fresh, migrated database of its own, dropped after the test."""
+    _name, admin_dsn, template = backend
+    name = f"pgfence_t_{uuid.uuid4().hex[:12]}"
+    with admin_connect(admin_dsn) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    try:
+        yield with_dbname(admin_dsn, name)
+    finally:
+        with admin_connect(admin_dsn) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def empty_dsn(backend):
+    """A DSN to a fresh database WITHOUT the pgfence schema."""
+    _name, admin_dsn, _template = backend
+    name = f"pgfence_e_{uuid.uuid4().hex[:12]}"
+    with admin_connect(admin_dsn) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield with_dbname(admin_dsn, name)
+    finally:
+        with admin_connect(admin_dsn) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def conn(dsn):
+    """An autocommit connection to the test's database."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        yield c
+
+
+@pytest.fixture(autouse=True)
+def _clean_registry():
+    """Handlers registered by one test do not leak into the next."""
+    from supervisor import registry
+
+    before = dict(registry._REGISTRY)
+    yield
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(before)

@@ -1,0 +1,77 @@
+"""Helpers for tests: DSN editing, polling with a deadline, running pgfence
+as a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def with_dbname(dsn: str, dbname: str) -> str:
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = dbname
+    return make_conninfo("", **params)
+
+
+def admin_connect(dsn: str) -> psycopg.Connection:
+    return psycopg.connect(dsn, autocommit=True)
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02,
+             message: str = "condition") -> Any:
+    """Poll ``condition`` until it returns a truthy value; fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message} (last value {value!r})")
+        time.sleep(interval)
+
+
+def env_for(dsn: str | None = None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGFENCE_") and k != "DATABASE_URL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONUNBUFFERED"] = "1"
+    if dsn:
+        env["PGFENCE_DSN"] = dsn
+    env.update(extra)
+    return env
+
+
+def pgfence(*args: str, dsn: str | None = None, env: dict[str, str] | None = None,
+            timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m supervisor ARGS`` to completion."""
+    return subprocess.run([sys.executable, "-m", "supervisor", *args], cwd=ROOT,
+                          env=env or env_for(dsn), capture_output=True, text=True, timeout=timeout, input=input)
+
+
+def spawn(*args: str, dsn: str | None = None, env: dict[str, str] | None = None,
+          **popen: Any) -> subprocess.Popen:
+    """Start ``python -m supervisor ARGS`` in the background."""
+    popen.setdefault("stdout", subprocess.PIPE)
+    popen.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen([sys.executable, "-m", "supervisor", *args], cwd=ROOT,
+                            env=env or env_for(dsn), text=True, **popen)
+
+
+def job_row(conn: psycopg.Connection, job_id: int) -> dict[str, Any]:
+    cur = conn.execute("SELECT * FROM pgfence.jobs WHERE id = %s", (job_id,))
+    names = [c.name for c in cur.description]
+    row = cur.fetchone()
+    return dict(zip(names, row)) if row else {}
+
+
+def scalar(conn: psycopg.Connection, sql: str, params: Any = None) -> Any:
+    return conn.execute(sql, params).fetchone()[0]
