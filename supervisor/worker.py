@@ -166,6 +166,14 @@ class Worker:
         except LeaseLost as exc:
             log.warning("job %s attempt %s lost its lease (%s); its writes were rolled back",
                         job.id, job.attempt, exc.reason)
+            if exc.reason == "timeout":
+                # Still ours in the database: report the overrun as an error
+                # (fenced), so it is retried with backoff like any failure.
+                return self._fail(job, f"timed out after {job.lease.timeout:g}s", final=False)
+            if exc.reason == "renewal_failed":
+                # The database was out of reach; if it is back and nobody took
+                # the job meanwhile, hand it back now rather than at lease expiry.
+                self.release(job)
             return LOST
         except PayloadRejected as exc:
             return self._fail(job, f"payload rejected: {exc}", final=True)
@@ -220,7 +228,6 @@ class Worker:
             return False
         if row is not None:
             metrics.JOBS_RELEASED.labels(job.queue, job.kind).inc()
-            self.stats.add(RELEASED)
         return row is not None
 
     def _drop_connection(self) -> None:
@@ -244,7 +251,8 @@ class Worker:
         for index, job in enumerate(jobs):
             if self.stopping:
                 for rest in jobs[index:]:
-                    self.release(rest)
+                    if self.release(rest):
+                        self.stats.add(RELEASED)
                 break
             self.run_job(job)
         return len(jobs)

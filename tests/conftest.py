@@ -26,6 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from pgtools import admin_connect, with_dbname  # noqa: E402
+from supervisor import registry as _registry  # noqa: E402
+
+# The bundled handlers are registered once for the whole session, so that the
+# per-test registry reset below keeps them (a module is imported only once).
+_registry.load(_registry.DEFAULT_MODULES)
 
 BACKENDS = [b.strip() for b in os.environ.get("PGFENCE_TEST_BACKENDS", "server,embedded").split(",") if b.strip()]
 SERVER_DSN = os.environ.get("PGFENCE_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
