@@ -23,6 +23,8 @@ from .producer import enqueue
 
 log = logging.getLogger("pgfence")
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line and exit status 2."""
@@ -34,7 +36,7 @@ class _Parser(argparse.ArgumentParser):
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dsn", help="PostgreSQL DSN (default: PGFENCE_DSN, DATABASE_URL, else embedded)")
     p.add_argument("--log-level", default=os.environ.get("PGFENCE_LOG_LEVEL", "INFO"),
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+                   choices=LOG_LEVELS)
 
 
 def _worker_options(p: argparse.ArgumentParser) -> None:
@@ -137,9 +139,14 @@ def _worker_settings(args: argparse.Namespace) -> settings_mod.Settings:
     return settings_mod.load(cli, config_path=getattr(args, "config", None))
 
 
+def _reject_constant(name: str) -> Any:
+    # Python's json accepts NaN and Infinity; JSON (and jsonb) does not.
+    raise ConfigError(f"invalid --payload: not JSON ({name} is not a JSON value)")
+
+
 def _parse_payload(text: str) -> Any:
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"invalid --payload: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
 
@@ -288,6 +295,11 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        # argparse checks --log-level against its choices, but not the
+        # default it took from PGFENCE_LOG_LEVEL.
+        if getattr(args, "log_level", "INFO") not in LOG_LEVELS:
+            raise ConfigError(f"invalid log-level: expected one of {', '.join(LOG_LEVELS)}, "
+                              f"got {args.log_level!r}")
         logging.basicConfig(level=getattr(args, "log_level", "INFO"), stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return COMMANDS[args.command](args)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator, Mapping
 
 import psycopg
@@ -41,6 +42,26 @@ def redact(dsn: str) -> str:
     return make_conninfo("", **{k: v for k, v in params.items() if v is not None})
 
 
+_URI_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^:@/?#]*:([^@/?#]*)@")
+_KV_PASSWORD = re.compile(r"\bpassword\s*=\s*('(?:\\.|[^'\\])*'?|\S+)")
+
+
+def scrub(text: str, dsn: str | None) -> str:
+    """``text`` with ``dsn`` and any password written in it masked.
+
+    libpq quotes the part of a DSN it cannot parse, sometimes the whole URI,
+    password included, so its messages about a DSN pass through here.
+    """
+    if not dsn:
+        return text
+    secrets = [dsn]
+    for pattern in (_URI_PASSWORD, _KV_PASSWORD):
+        secrets += [m.group(1).strip("'") for m in pattern.finditer(dsn)]
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
 def conninfo(dsn: str, application_name: str = "pgfence", **extra: object) -> str:
     """The DSN with pgfence's connection defaults added.
 
@@ -51,7 +72,7 @@ def conninfo(dsn: str, application_name: str = "pgfence", **extra: object) -> st
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise DatabaseUnavailable(f"invalid DSN: {first_line(exc)}") from None
+        raise DatabaseUnavailable(f"invalid DSN: {scrub(first_line(exc), dsn)}") from None
     defaults = {
         "application_name": application_name,
         "connect_timeout": CONNECT_TIMEOUT,
@@ -76,11 +97,14 @@ def translate(exc: BaseException, dsn: str | None = None) -> PgfenceError:
     """The pgfence error for a driver error."""
     if isinstance(exc, PgfenceError):
         return exc
-    if isinstance(exc, pgerrors.UndefinedTable | pgerrors.InvalidSchemaName | pgerrors.UndefinedFunction):
+    # Without the schema, PostgreSQL names the missing schema (a function
+    # call) or the missing pgfence table; a wrongly typed call is not that.
+    if isinstance(exc, pgerrors.InvalidSchemaName) or (
+            isinstance(exc, pgerrors.UndefinedTable) and "pgfence." in str(exc)):
         return SchemaMissing(f"pgfence schema missing ({first_line(exc)}): run 'pgfence migrate'")
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | OSError):
         where = f" ({redact(dsn)})" if dsn else ""
-        return DatabaseUnavailable(f"database unreachable{where}: {first_line(exc)}")
+        return DatabaseUnavailable(f"database unreachable{where}: {scrub(first_line(exc), dsn)}")
     return PgfenceError(f"database error: {first_line(exc)}")
 
 

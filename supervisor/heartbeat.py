@@ -14,9 +14,11 @@ supervisor runs it in a process of its own for all children.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import psycopg
@@ -91,12 +93,13 @@ class HeartbeatManager:
 
     # -- one round --------------------------------------------------------
 
-    def run_once(self) -> RenewResult:
-        """Renew all held leases in one statement; return what happened."""
+    def run_once(self, leases: list[Lease] | None = None) -> RenewResult:
+        """Renew all held leases (or ``leases``) in one statement; return what
+        happened."""
         result = RenewResult()
         now = time.monotonic()
         live: list[Lease] = []
-        for lease in self.tracked():
+        for lease in (self.tracked() if leases is None else leases):
             if lease.lost_reason is not None:
                 continue
             if lease.timed_out(now):
@@ -118,10 +121,11 @@ class HeartbeatManager:
         }
         sent_at = time.monotonic()
         try:
-            self._open()
-            with self._pool.connection() as conn:
-                self.statements += 1
-                rows = conn.execute(q("renew"), params).fetchall()
+            with self._expiring(live, result):
+                self._open()
+                with self._pool.connection() as conn:
+                    self.statements += 1
+                    rows = conn.execute(q("renew"), params).fetchall()
         except (psycopg.Error, OSError, Exception) as exc:  # noqa: BLE001 - any failure is a failed round
             result.error = db.first_line(exc)
             log.warning("lease renewal failed: %s", result.error)
@@ -135,6 +139,8 @@ class HeartbeatManager:
         by_key = {(lease.id, lease.attempt): lease for lease in live}
         for job_id, attempt, renewed, status, _current in rows:
             lease = by_key[(job_id, attempt)]
+            if lease.lost_reason is not None:
+                continue   # given up at its deadline while the answer was late
             if renewed:
                 lease.renewed(sent_at)
                 result.renewed += 1
@@ -143,6 +149,56 @@ class HeartbeatManager:
                 if lease.mark_lost(reason):
                     result.add_lost(reason)
         return result
+
+    def release(self, items: list[tuple[int, int, bool, str | None]]) -> int:
+        """Release jobs of dead workers, fenced: ``(id, attempt, reclaim,
+        error)`` each; with ``error`` the attempt is reported failed (retried
+        with backoff) instead.  Returns how many were still owned."""
+        done = 0
+        self._open()
+        with self._pool.connection() as conn:
+            for job_id, attempt, reclaim, error in items:
+                if error:
+                    row = conn.execute(q("fail_or_retry"), {"id": job_id, "attempt": attempt, "error": error,
+                                                            "final": False, "backoff": 1.0}).fetchone()
+                else:
+                    row = conn.execute(q("release"), {"id": job_id, "attempt": attempt, "reclaim": reclaim,
+                                                      "reason": "worker died" if reclaim else None}).fetchone()
+                done += row is not None
+        return done
+
+    @contextlib.contextmanager
+    def _expiring(self, leases: list[Lease], result: RenewResult) -> Iterator[None]:
+        """While the block runs, mark each lease lost at its deadline.
+
+        A round can block far longer than a lease: waiting for a connection
+        the pool cannot make, or for the answer to a statement that a broken
+        network never delivers.  The leases must still be given up on time.
+        """
+        stop = threading.Event()
+
+        def watch() -> None:
+            while True:
+                now = time.monotonic()
+                pending = []
+                for lease in leases:
+                    if lease.lost_reason is not None or not lease.enforce_deadline:
+                        continue
+                    if lease.expired(now):
+                        if lease.mark_lost("renewal_failed"):
+                            result.add_lost("renewal_failed")
+                    else:
+                        pending.append(lease.deadline)
+                if not pending or stop.wait(min(pending) - now):
+                    return
+
+        watcher = threading.Thread(target=watch, name="pgfence-heartbeat-deadlines", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            watcher.join()
 
     # -- in-process thread ----------------------------------------------------
 

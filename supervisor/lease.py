@@ -31,6 +31,12 @@ class Lease:
     #: When false the deadline is not enforced (the demo's unprotected mode).
     enforce_deadline: bool = True
     lost_reason: str | None = None
+    #: Monotonic time the lease was marked lost (0 while held).
+    lost_at: float = 0.0
+    #: Count the loss in pgfence_lease_lost_total.  The heartbeat process
+    #: keeps copies of its children's leases with this off, so that each
+    #: loss is counted once, by the worker that learns it.
+    count: bool = True
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def renewed(self, sent_at: float) -> None:
@@ -38,6 +44,12 @@ class Lease:
         with self._lock:
             if self.lost_reason is None:
                 self.deadline = max(self.deadline, sent_at + self.seconds)
+
+    def extend(self, deadline: float) -> None:
+        """Take a deadline computed elsewhere (the heartbeat process)."""
+        with self._lock:
+            if self.lost_reason is None:
+                self.deadline = max(self.deadline, deadline)
 
     def mark_lost(self, reason: str) -> bool:
         """Record that the lease is gone; True the first time only.
@@ -49,7 +61,9 @@ class Lease:
             if self.lost_reason is not None:
                 return False
             self.lost_reason = reason
-        metrics.LEASE_LOST.labels(self.queue, self.kind, reason).inc()
+            self.lost_at = time.monotonic()
+        if self.count:
+            metrics.LEASE_LOST.labels(self.queue, self.kind, reason).inc()
         return True
 
     def expired(self, now: float | None = None) -> bool:

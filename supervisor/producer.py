@@ -23,6 +23,8 @@ from . import db, registry
 from .errors import ConfigError
 from .queries import q
 
+_INT4_MIN, _INT4_MAX = -(2**31), 2**31 - 1
+
 
 def enqueue(
     conn: psycopg.Connection,
@@ -54,8 +56,13 @@ def enqueue(
         raise ConfigError(f"invalid max-attempts: must be at least 1, got {max_attempts}")
     if max_reclaims is not None and max_reclaims < 0:
         raise ConfigError(f"invalid max-reclaims: must be 0 or more, got {max_reclaims}")
+    # The columns are 32-bit integers; a larger Python int would be sent as a
+    # bigint, for which no pgfence.enqueue(...) signature exists.
+    for name, value in (("priority", priority), ("max-attempts", max_attempts), ("max-reclaims", max_reclaims)):
+        if value is not None and not _INT4_MIN <= value <= _INT4_MAX:
+            raise ConfigError(f"invalid {name}: must be between {_INT4_MIN} and {_INT4_MAX}, got {value}")
     try:
-        json.dumps(payload if payload is not None else {})
+        json.dumps(payload if payload is not None else {}, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"payload is not JSON-serialisable: {exc}") from None
     spec = registry.find(kind)
@@ -63,14 +70,13 @@ def enqueue(
         queue = queue or spec.queue
         max_attempts = max_attempts if max_attempts is not None else spec.max_attempts
         max_reclaims = max_reclaims if max_reclaims is not None else spec.max_reclaims
-    if delay is not None:
-        run_at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=delay)
     params = {
         "kind": kind,
         "payload": Jsonb(payload if payload is not None else {}),
         "queue": queue or "default",
         "priority": priority,
         "run_at": run_at,
+        "delay": float(delay or 0.0),
         "max_attempts": max_attempts,
         "dedupe_key": dedupe_key,
         "max_reclaims": max_reclaims,

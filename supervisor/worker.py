@@ -108,6 +108,9 @@ class Worker:
         sent_at = time.monotonic()
         with db.translated(self.dsn):
             rows = self.conn.execute(q("claim"), params).fetchall()
+        # UPDATE ... RETURNING has no guaranteed order: run the batch in the
+        # claim order (priority DESC, run_at, id) whatever the plan.
+        rows.sort(key=lambda r: (-r[9], r[12], r[0]))
         jobs = []
         for row in rows:
             (job_id, queue, kind, payload, status, attempt, max_attempts, _reclaims, _max_reclaims,

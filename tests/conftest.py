@@ -114,3 +114,21 @@ def _clean_registry():
     yield
     registry._REGISTRY.clear()
     registry._REGISTRY.update(before)
+
+
+@pytest.fixture
+def make_worker(dsn):
+    """Make in-process Workers on the test's database; closed afterwards."""
+    from supervisor.settings import Settings
+    from supervisor.worker import Worker
+
+    made: list[Worker] = []
+
+    def make(name: str = "w1", **options) -> Worker:
+        worker = Worker(dsn, Settings(**options), name=name)
+        made.append(worker)
+        return worker
+
+    yield make
+    for worker in made:
+        worker.close()

@@ -11,9 +11,9 @@ WITH wanted AS (
        SET lease_until = now() + make_interval(secs => w.lease)
       FROM wanted w
      WHERE j.id = w.id AND j.attempt = w.attempt AND j.status = 'running'
-    RETURNING j.id
+    RETURNING j.id, j.attempt
 )
 SELECT w.id, w.attempt, (r.id IS NOT NULL) AS renewed, j.status, j.attempt AS current_attempt
   FROM wanted w
-  LEFT JOIN renewed r ON r.id = w.id
+  LEFT JOIN renewed r ON r.id = w.id AND r.attempt = w.attempt
   LEFT JOIN pgfence.jobs j ON j.id = w.id;

@@ -4,8 +4,11 @@
 -- first, then oldest run_at, then id.  Every claim bumps attempt, the fencing
 -- token.  A reclaim on the final attempt, or past max_reclaims, turns the job
 -- failed instead of running it again.  prev_status tells reclaims apart.
+-- The verdict is computed from the row versions that FOR UPDATE locked, never
+-- from an older snapshot of the same rows.
 WITH candidates AS (
-    SELECT id, status AS prev_status
+    SELECT id, status AS prev_status, attempt, max_attempts,
+           reclaims + (status = 'running')::int AS new_reclaims, max_reclaims
       FROM pgfence.jobs
      WHERE queue = ANY(%(queues)s::text[])
        AND ((status = 'queued' AND run_at <= now())
@@ -14,19 +17,17 @@ WITH candidates AS (
      LIMIT %(batch)s
        FOR UPDATE SKIP LOCKED
 ), decided AS (
-    SELECT c.id, c.prev_status,
-           j.reclaims + (c.prev_status = 'running')::int AS new_reclaims,
+    SELECT id, prev_status, new_reclaims,
            CASE
-               WHEN j.attempt >= j.max_attempts THEN
-                   CASE WHEN c.prev_status = 'running'
-                        THEN format('lease expired on the final attempt (%%s of %%s)', j.attempt, j.max_attempts)
-                        ELSE format('no attempts left (%%s of %%s used)', j.attempt, j.max_attempts)
+               WHEN attempt >= max_attempts THEN
+                   CASE WHEN prev_status = 'running'
+                        THEN format('lease expired on the final attempt (%%s of %%s)', attempt, max_attempts)
+                        ELSE format('no attempts left (%%s of %%s used)', attempt, max_attempts)
                    END
-               WHEN j.reclaims + (c.prev_status = 'running')::int > j.max_reclaims THEN
-                   format('quarantined: lost its worker %%s times (max_reclaims %%s)',
-                          j.reclaims + (c.prev_status = 'running')::int, j.max_reclaims)
+               WHEN new_reclaims > max_reclaims THEN
+                   format('quarantined: lost its worker %%s times (max_reclaims %%s)', new_reclaims, max_reclaims)
            END AS verdict
-      FROM candidates c JOIN pgfence.jobs j USING (id)
+      FROM candidates
 )
 UPDATE pgfence.jobs j
    SET status      = CASE WHEN d.verdict IS NULL THEN 'running' ELSE 'failed' END,
@@ -95,8 +96,11 @@ RETURNING id;
 
 -- name: enqueue
 -- Enqueue one job through the SQL function, in the caller's transaction.
+-- A delay is added to the database clock, like every other time pgfence keeps.
 SELECT pgfence.enqueue(%(kind)s, %(payload)s::jsonb, %(queue)s, %(priority)s,
-                       %(run_at)s, %(max_attempts)s, %(dedupe_key)s, %(max_reclaims)s);
+                       coalesce(%(run_at)s::timestamptz,
+                                now() + make_interval(secs => %(delay)s::float8)),
+                       %(max_attempts)s, %(dedupe_key)s, %(max_reclaims)s);
 
 -- name: now
 -- The database clock, which alone decides when a lease runs out.

@@ -1,0 +1,215 @@
+"""Claim: which jobs a worker gets, in what order, and what the claim stamps
+on them (attempt, owner, lease by the database clock)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import psycopg
+from prometheus_client import REGISTRY
+
+import handlers.builtin  # noqa: F401 - registers noop & co. before the registry snapshot
+from pgtools import job_row, scalar, wait_for
+from supervisor import enqueue, handler
+from supervisor.queries import q
+from supervisor.worker import Worker
+
+
+def claim_params(worker: str = "sql", *, queues=("default",), batch: int = 1, lease: float = 30.0,
+                 lease_kinds=(), lease_secs=()) -> dict:
+    return {"queues": list(queues), "batch": batch, "worker": worker, "lease": lease,
+            "lease_kinds": list(lease_kinds), "lease_secs": list(lease_secs)}
+
+
+def clock(conn: psycopg.Connection) -> dt.datetime:
+    return scalar(conn, "SELECT clock_timestamp()")
+
+
+def wait_lease_expired(conn: psycopg.Connection, job_id: int) -> None:
+    """Until the database clock has passed the job's lease_until."""
+    wait_for(lambda: scalar(conn, "SELECT lease_until < now() FROM pgfence.jobs WHERE id = %s", (job_id,)),
+             timeout=10, message=f"lease of job {job_id} to expire")
+
+
+def test_claim_order_is_priority_then_run_at_then_id(conn, make_worker):
+    base = scalar(conn, "SELECT now() - interval '1 hour'")
+    # (priority, run_at offset in seconds); duplicates make id the tie-break.
+    specs = [(0, 10), (5, 30), (5, 20), (0, 10), (-1, 0), (5, 20), (10, 50), (0, 5)]
+    ids = [enqueue(conn, "noop", {"i": i}, priority=p, run_at=base + dt.timedelta(seconds=off))
+           for i, (p, off) in enumerate(specs)]
+    expected = [ids[i] for i in sorted(range(len(ids)), key=lambda i: (-specs[i][0], specs[i][1], ids[i]))]
+    assert expected != ids  # the order is not just insertion order
+
+    worker = make_worker()
+    claimed = []
+    for _ in ids:
+        jobs = worker.claim(1)
+        assert len(jobs) == 1
+        claimed.append(jobs[0].id)
+    assert claimed == expected
+    assert worker.claim(1) == []
+
+
+def test_batch_claims_the_best_n_in_order(conn, make_worker):
+    priorities = [1, 3, 2, 3, 0, 2]
+    ids = [enqueue(conn, "noop", priority=p) for p in priorities]
+    worker = make_worker("w-batch", batch=4)
+
+    first = worker.claim()          # settings.batch = 4
+    assert [j.id for j in first] == [ids[1], ids[3], ids[2], ids[5]]
+    second = worker.claim()
+    assert [j.id for j in second] == [ids[0], ids[4]]
+    assert worker.claim() == []
+    assert worker.claim(batch=10) == []
+
+    rows = [job_row(conn, i) for i in ids]
+    assert [(r["status"], r["attempt"], r["locked_by"]) for r in rows] == [("running", 1, "w-batch")] * 6
+    assert worker.stats.claimed == 6
+
+
+def test_claim_only_from_the_given_queues(conn, make_worker):
+    alpha = enqueue(conn, "noop", queue="alpha")
+    beta = enqueue(conn, "noop", queue="beta")
+    default = enqueue(conn, "noop")
+
+    worker = make_worker("w-ag", queues=("alpha", "gamma"))
+    assert [(j.id, j.queue) for j in worker.claim(10)] == [(alpha, "alpha")]
+    assert worker.claim(10) == []
+    assert [(job_row(conn, i)["status"], job_row(conn, i)["attempt"]) for i in (beta, default)] == \
+        [("queued", 0), ("queued", 0)]
+
+    other = make_worker("w-bd", queues=("beta", "default"))
+    assert sorted(j.id for j in other.claim(10)) == [beta, default]
+    assert job_row(conn, alpha)["locked_by"] == "w-ag"
+    assert job_row(conn, beta)["locked_by"] == "w-bd"
+
+
+def test_delayed_job_is_not_claimed_until_due(conn, make_worker):
+    later = scalar(conn, "SELECT pgfence.enqueue('noop', '{}', 'default', 9, now() + interval '1 hour')")
+    soon = scalar(conn, "SELECT pgfence.enqueue('noop', '{}', 'default', 0, now() + interval '400 ms')")
+    worker = make_worker()
+
+    jobs = wait_for(lambda: worker.claim(5), timeout=10, message="the delayed job to become due")
+    assert [j.id for j in jobs] == [soon]
+    row = job_row(conn, soon)
+    # Claimed no earlier than its run_at, by the database clock.
+    assert row["started_at"] >= row["run_at"]
+    assert (row["status"], row["attempt"]) == ("running", 1)
+    # The job an hour away (despite its higher priority) stays queued.
+    assert worker.claim(5) == []
+    assert (job_row(conn, later)["status"], job_row(conn, later)["attempt"]) == ("queued", 0)
+
+
+def test_claim_bumps_attempt_and_stamps_owner_and_lease_by_db_clock(conn, make_worker):
+    job_id = enqueue(conn, "noop", {"a": 1})
+    worker = make_worker("w-stamp", lease=12.5)
+
+    before = clock(conn)
+    [job] = worker.claim()
+    after = clock(conn)
+
+    row = job_row(conn, job_id)
+    assert (job.id, job.attempt, job.kind, job.queue, job.payload) == (job_id, 1, "noop", "default", {"a": 1})
+    assert job.lease.seconds == 12.5 and job.lease.attempt == 1
+    assert (row["status"], row["attempt"], row["reclaims"], row["locked_by"]) == ("running", 1, 0, "w-stamp")
+    assert row["finished_at"] is None
+    assert before <= row["started_at"] <= after
+    # lease_until = now() + lease, with now() the claim statement's clock.
+    assert row["lease_until"] == row["started_at"] + dt.timedelta(seconds=12.5)
+
+
+def test_prev_status_tells_reclaims_apart(conn, make_worker):
+    job_id = enqueue(conn, "noop")
+    rows = conn.execute(q("claim"), claim_params("first", lease=0.2)).fetchall()
+    assert [(r[0], r[4], r[5], r[14]) for r in rows] == [(job_id, "running", 1, "queued")]
+
+    wait_lease_expired(conn, job_id)
+    rows = conn.execute(q("claim"), claim_params("second", lease=30)).fetchall()
+    assert [(r[0], r[4], r[5], r[7], r[14]) for r in rows] == [(job_id, "running", 2, 1, "running")]
+    row = job_row(conn, job_id)
+    assert (row["locked_by"], row["attempt"], row["reclaims"]) == ("second", 2, 1)
+
+
+def test_worker_counts_reclaims(conn, make_worker):
+    job_id = enqueue(conn, "noop", queue="rq")
+    labels = {"queue": "rq", "kind": "noop"}
+    metric_before = REGISTRY.get_sample_value("pgfence_reclaims_total", labels) or 0.0
+
+    first = make_worker("w-a", lease=0.2, queues=("rq",))
+    [old] = first.claim()
+    assert (first.stats.claimed, first.stats.reclaimed) == (1, 0)
+    second = make_worker("w-b", queues=("rq",))
+    [new] = wait_for(second.claim, timeout=10, message="the reclaim")
+    assert (new.id, old.attempt, new.attempt) == (job_id, 1, 2)
+    assert (second.stats.claimed, second.stats.reclaimed) == (1, 1)
+    assert REGISTRY.get_sample_value("pgfence_reclaims_total", labels) == metric_before + 1
+    assert job_row(conn, job_id)["locked_by"] == "w-b"
+
+
+def test_per_kind_lease_option(conn, make_worker):
+    @handler("t_long_lease", lease=120)
+    def long_lease(job):
+        pass
+
+    long_id = enqueue(conn, "t_long_lease", priority=1)
+    short_id = enqueue(conn, "noop")
+    worker = make_worker("w-kinds", lease=10)
+    jobs = {j.id: j for j in worker.claim(2)}
+
+    assert sorted(jobs) == sorted([long_id, short_id])
+    assert (jobs[long_id].lease.seconds, jobs[short_id].lease.seconds) == (120, 10)
+    for job_id, seconds in ((long_id, 120), (short_id, 10)):
+        row = job_row(conn, job_id)
+        assert row["lease_until"] - row["started_at"] == dt.timedelta(seconds=seconds)
+
+
+def test_skip_locked_second_claimer_skips_a_row_being_claimed(dsn, conn, make_worker):
+    ids = [enqueue(conn, "noop") for _ in range(3)]
+    with psycopg.connect(dsn) as holder:       # not autocommit: the claim stays uncommitted
+        rows = holder.execute(q("claim"), claim_params("holder")).fetchall()
+        assert [r[0] for r in rows] == [ids[0]]
+
+        other = make_worker("w-other")
+        # Without SKIP LOCKED this would wait on the holder's row lock.
+        other.conn.execute("SET lock_timeout = '5s'")
+        assert [j.id for j in other.claim(1)] == [ids[1]]
+        holder.commit()
+
+    assert [(job_row(conn, i)["locked_by"], job_row(conn, i)["attempt"]) for i in ids] == \
+        [("holder", 1), ("w-other", 1), (None, 0)]
+
+
+def test_concurrent_claimers_never_get_the_same_job(conn, make_worker):
+    count, threads = 150, 6
+    conn.execute("INSERT INTO pgfence.jobs (kind) SELECT 'noop' FROM generate_series(1, %s)", (count,))
+    ids = [r[0] for r in conn.execute("SELECT id FROM pgfence.jobs ORDER BY id")]
+    workers = [make_worker(f"c{n}") for n in range(threads)]
+    for w in workers:
+        w.conn  # connect before the race starts
+    got: dict[str, list[int]] = {w.name: [] for w in workers}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(threads)
+
+    def run(worker: Worker) -> None:
+        try:
+            barrier.wait()
+            while True:
+                jobs = worker.claim(1 + len(got[worker.name]) % 3)
+                if not jobs:
+                    return
+                got[worker.name].extend(j.id for j in jobs)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    pool = [threading.Thread(target=run, args=(w,)) for w in workers]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=60)
+    assert errors == []
+    claimed = [i for lst in got.values() for i in lst]
+    assert len(claimed) == count and sorted(claimed) == ids
+    rows = conn.execute("SELECT id, status, attempt, locked_by FROM pgfence.jobs ORDER BY id").fetchall()
+    owner = {i: name for name, lst in got.items() for i in lst}
+    assert rows == [(i, "running", 1, owner[i]) for i in ids]

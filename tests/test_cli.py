@@ -1,0 +1,370 @@
+"""The command line as a user meets it: real subprocesses, real exit codes.
+
+Bad input ends as one line on stderr starting with ``pgfence: error:``,
+never a traceback, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+import pytest
+
+import handlers.builtin  # noqa: F401 - registers noop & co. before the registry snapshot
+from pgtools import env_for, job_row, pgfence, scalar, spawn, wait_for
+from supervisor import LeaseLost, enqueue, settings as settings_mod
+from supervisor.errors import ConfigError
+from supervisor.heartbeat import HeartbeatManager
+from supervisor.queries import q
+from supervisor.settings import Settings
+from supervisor.worker import Worker
+
+PASSWORD = "s3cret"
+UNREACHABLE = f"postgresql://postgres:{PASSWORD}@127.0.0.1:1/x"
+
+
+@dataclass
+class Case:
+    name: str
+    args: list[str]
+    code: int
+    fragment: str
+    env: dict[str, str] = field(default_factory=dict)
+    toml: str | None = None      # written to a file passed as --config
+
+
+def run_cases(cases: list[Case], dsn: str | None, tmp_path) -> list[tuple[Case, str, str, int]]:
+    """Run every case as its own subprocess, all at once."""
+    procs = []
+    for case in cases:
+        args = list(case.args)
+        if case.toml is not None:
+            path = tmp_path / f"{case.name}.toml"
+            path.write_text(case.toml)
+            args += ["--config", str(path)]
+        procs.append((case, spawn(*args, env=env_for(dsn, **case.env))))
+    return [(case, *proc.communicate(timeout=60), proc.returncode) for case, proc in procs]
+
+
+def problems_of(case: Case, out: str, err: str, code: int) -> list[str]:
+    found = []
+    if code != case.code:
+        found.append(f"exit {code}, expected {case.code}")
+    if "Traceback" in out + err:
+        found.append("a traceback")
+    lines = err.splitlines()
+    if len(lines) != 1 or not lines[0].startswith("pgfence: error: ") or not err.endswith("\n"):
+        found.append(f"stderr is not one 'pgfence: error:' line: {err!r}")
+    if case.fragment not in err:
+        found.append(f"{case.fragment!r} not in stderr {err!r}")
+    if out:
+        found.append(f"stdout not empty: {out!r}")
+    if PASSWORD in out + err or "s3cr" in out + err:
+        found.append("the password was printed")
+    return found
+
+
+def snapshot(conn: psycopg.Connection) -> dict:
+    return {
+        "jobs": conn.execute("SELECT * FROM pgfence.jobs ORDER BY id").fetchall(),
+        "effects": scalar(conn, "SELECT count(*) FROM pgfence.effects"),
+        "receipts": scalar(conn, "SELECT count(*) FROM pgfence.receipts"),
+    }
+
+
+BAD_INPUT = [
+    Case("malformed_json", ["enqueue", "noop", "--payload", '{"a": 1'], 2,
+         "invalid --payload: not JSON (Expecting"),
+    Case("nan_payload", ["enqueue", "noop", "--payload", '{"a": NaN}'], 2,
+         "invalid --payload: not JSON (NaN is not a JSON value)"),
+    Case("nul_in_payload", ["enqueue", "noop", "--payload", '"\\u0000"'], 1, "database error:"),
+    Case("unknown_kind", ["enqueue", "no_such_kind"], 2, "unknown job kind 'no_such_kind' (known: "),
+    Case("unknown_handler_module", ["enqueue", "noop", "--handlers", "no.such.module"], 2,
+         "cannot import handler module 'no.such.module'"),
+    Case("negative_delay", ["enqueue", "noop", "--delay", "-5"], 2, "invalid --delay"),
+    Case("bad_run_at", ["enqueue", "noop", "--run-at", "next tuesday"], 2, "invalid --run-at"),
+    Case("delay_and_run_at", ["enqueue", "noop", "--delay", "5", "--run-at", "2031-01-01"], 2,
+         "not allowed with argument"),
+    Case("max_attempts_zero", ["enqueue", "noop", "--max-attempts", "0"], 2, "invalid max-attempts"),
+    Case("priority_not_a_number", ["enqueue", "noop", "--priority", "high"], 2, "invalid int value: 'high'"),
+    Case("priority_out_of_range", ["enqueue", "noop", "--priority", "99999999999"], 2,
+         "invalid priority: must be between -2147483648 and 2147483647, got 99999999999"),
+    Case("max_attempts_out_of_range", ["enqueue", "noop", "--max-attempts", "2147483648"], 2, "invalid max-attempts"),
+    Case("negative_lease", ["work", "--burst", "--lease", "-3"], 2, "invalid lease"),
+    Case("zero_lease", ["work", "--burst", "--lease", "0"], 2, "invalid lease: must be a positive number"),
+    Case("batch_zero", ["work", "--burst", "--batch", "0"], 2, "invalid batch: must be a whole number of at least 1"),
+    Case("batch_not_whole", ["work", "--burst", "--batch", "2.5"], 2, "invalid batch: expected a whole number"),
+    Case("heartbeat_not_shorter", ["work", "--burst", "--lease", "5", "--heartbeat", "5"], 2, "invalid heartbeat"),
+    Case("env_lease", ["work", "--burst"], 2, "invalid lease", env={"PGFENCE_LEASE": "-3"}),
+    Case("env_batch", ["work", "--burst"], 2, "invalid batch", env={"PGFENCE_BATCH": "many"}),
+    Case("env_log_level", ["enqueue", "noop"], 2, "invalid log-level", env={"PGFENCE_LOG_LEVEL": "chatty"}),
+    Case("toml_bad_value", ["work", "--burst"], 2, "invalid lease", toml='lease = "soon"\n'),
+    Case("toml_batch_zero", ["work", "--burst"], 2, "invalid batch", toml="[pgfence]\nbatch = 0\n"),
+    Case("toml_float_batch", ["work", "--burst"], 2, "invalid batch", toml="batch = 1.5\n"),
+    Case("toml_unknown_key", ["work", "--burst"], 2, "unknown setting 'leas'", toml="leas = 3\n"),
+    Case("toml_syntax", ["work", "--burst"], 2, "invalid config file", toml="lease = \n"),
+    Case("missing_config", ["work", "--burst", "--config", "/nonexistent/pgfence.toml"], 2,
+         "config file not found"),
+    Case("retry_nothing", ["retry"], 2, "give job ids or --failed"),
+    Case("retry_bad_id", ["retry", "seven"], 2, "invalid int value: 'seven'"),
+    Case("prune_zero", ["prune", "--retention", "0"], 2, "invalid --retention: must be positive"),
+    Case("prune_garbage", ["prune", "--retention", "forever"], 2, "invalid --retention"),
+    Case("unknown_command", ["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+]
+
+
+def test_bad_input_is_one_line_nonzero_and_writes_nothing(dsn, conn, tmp_path):
+    # A queued job that a `work --burst` which failed to validate would run.
+    seeded = enqueue(conn, "effect", {"seconds": 0})
+    before = snapshot(conn)
+    results = run_cases(BAD_INPUT, dsn, tmp_path)
+    failures = {case.name: p for case, out, err, code in results if (p := problems_of(case, out, err, code))}
+    assert failures == {}
+    assert snapshot(conn) == before
+    assert job_row(conn, seeded)["status"] == "queued"
+
+
+def test_unreachable_or_invalid_dsn_is_one_line_without_the_password(tmp_path):
+    unreachable = "pgfence: error: database unreachable (user=postgres dbname=x host=127.0.0.1 port=1): "
+    cases = [
+        Case("status", ["status", "--dsn", UNREACHABLE], 1, unreachable),
+        Case("status_json_debug", ["status", "--json", "--log-level", "DEBUG", "--dsn", UNREACHABLE], 1,
+             unreachable),
+        Case("enqueue", ["enqueue", "noop", "--dsn", UNREACHABLE], 1, unreachable),
+        Case("migrate", ["migrate", "--dsn", UNREACHABLE], 1, unreachable),
+        Case("work", ["work", "--burst", "--log-level", "DEBUG", "--dsn", UNREACHABLE], 1, unreachable),
+        Case("prune", ["prune", "--dsn", UNREACHABLE], 1, unreachable),
+        Case("retry", ["retry", "1"], 1, unreachable, env={"PGFENCE_DSN": UNREACHABLE}),
+        Case("cancel", ["cancel", "1"], 1, unreachable, env={"DATABASE_URL": UNREACHABLE}),
+        Case("kv_dsn", ["status", "--dsn", f"host=127.0.0.1 port=1 user=postgres dbname=x password={PASSWORD}"],
+             1, unreachable),
+        # libpq quotes (parts of) a DSN it cannot parse: the password must not leak that way.
+        Case("bad_ipv6_uri", ["status", "--dsn", f"postgresql://postgres:{PASSWORD}@[::1/x"], 1, "invalid DSN: "),
+        Case("bad_percent", ["status", "--dsn", f"postgresql://postgres:{PASSWORD}%zz@127.0.0.1:1/x"], 1,
+             "invalid DSN: invalid percent-encoded token"),
+        Case("bad_query", ["status", "--dsn", f"postgresql://postgres:{PASSWORD}@127.0.0.1:1/x?bogus=1"], 1,
+             "invalid DSN: "),
+        Case("bad_kv", ["status", "--dsn", f"host=127.0.0.1 password='{PASSWORD}"], 1, "invalid DSN: "),
+    ]
+    results = run_cases(cases, None, tmp_path)
+    failures = {case.name: p for case, out, err, code in results if (p := problems_of(case, out, err, code))}
+    assert failures == {}
+
+    out = pgfence("dsn", "--dsn", UNREACHABLE)
+    assert (out.returncode, out.stderr) == (0, "")
+    assert PASSWORD not in out.stdout
+    assert out.stdout == "user=postgres dbname=x host=127.0.0.1 port=1\n"
+
+
+# -- status ----------------------------------------------------------------------
+
+
+def add_finished(conn: psycopg.Connection, queue: str, status: str) -> int:
+    return scalar(conn, """
+        INSERT INTO pgfence.jobs (kind, queue, status, attempt, started_at, finished_at, last_error)
+        VALUES ('noop', %s, %s, 1, now(), now(), CASE WHEN %s <> 'done' THEN 'boom' END) RETURNING id""",
+                  (queue, status, status))
+
+
+@pytest.fixture
+def make_worker(dsn):
+    made: list[Worker] = []
+
+    def make(name: str, heartbeat: HeartbeatManager | None = None, **options) -> Worker:
+        worker = Worker(dsn, Settings(**options), name=name, heartbeat=heartbeat)
+        made.append(worker)
+        return worker
+
+    yield make
+    for worker in made:
+        worker.close()
+
+
+def test_status_counts_and_running_jobs(dsn, conn, make_worker):
+    enqueue(conn, "noop", queue="alpha")
+    enqueue(conn, "noop", queue="alpha")
+    top = enqueue(conn, "noop", queue="alpha", priority=5)
+    again = enqueue(conn, "sleep", queue="alpha", priority=9)
+    add_finished(conn, "alpha", "done")
+    add_finished(conn, "beta", "failed")
+    add_finished(conn, "beta", "cancelled")
+    conn.execute("SELECT pgfence.enqueue('noop', '{}', 'beta', 0, now() + interval '1 hour')")
+
+    # `again` is claimed, its lease runs out and another worker reclaims it: attempt 2.
+    [lost] = make_worker("w-gone", lease=0.2, queues=("alpha",)).claim()
+    assert lost.id == again
+    wait_for(lambda: scalar(conn, "SELECT lease_until < now() FROM pgfence.jobs WHERE id = %s", (again,)),
+             timeout=10, message="the lease to expire")
+    claimed_at = time.monotonic()
+    jobs = make_worker("w-status", lease=30, queues=("alpha",)).claim(2)
+    assert [(j.id, j.attempt) for j in jobs] == [(again, 2), (top, 1)]
+
+    out = pgfence("status", "--json", dsn=dsn)
+    elapsed = time.monotonic() - claimed_at
+    assert (out.returncode, out.stderr) == (0, "")
+    data = json.loads(out.stdout)
+    assert data["queues"] == {"alpha": {"queued": 2, "running": 2, "done": 1},
+                              "beta": {"queued": 1, "failed": 1, "cancelled": 1}}
+    leases = [r.pop("lease_left") for r in data["running"]]
+    assert data["running"] == [
+        {"id": min(top, again), "queue": "alpha", "kind": "noop" if top < again else "sleep",
+         "attempt": 1 if top < again else 2, "locked_by": "w-status"},
+        {"id": max(top, again), "queue": "alpha", "kind": "sleep" if top < again else "noop",
+         "attempt": 2 if top < again else 1, "locked_by": "w-status"},
+    ]
+    for left in leases:
+        assert 30 - elapsed - 1 <= left <= 30
+
+    out = pgfence("status", dsn=dsn)
+    assert (out.returncode, out.stderr) == (0, "")
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["queue", "queued", "running", "done", "failed", "cancelled"]
+    assert lines[1].split() == ["alpha", "2", "2", "1", "0", "0"]
+    assert lines[2].split() == ["beta", "1", "0", "0", "1", "1"]
+    assert lines[3] == ""
+    assert lines[4].split() == ["running", "id", "queue", "kind", "attempt", "lease", "left", "owner"]
+    rows = [line.split() for line in lines[5:]]
+    assert [r[:4] + r[5:] for r in rows] == [
+        [str(top), "alpha", "noop", "1", "w-status"], [str(again), "alpha", "sleep", "2", "w-status"]
+    ] if top < again else [
+        [str(again), "alpha", "sleep", "2", "w-status"], [str(top), "alpha", "noop", "1", "w-status"]]
+    for r in rows:
+        assert r[4].endswith("s") and 0 < float(r[4][:-1]) <= 30
+
+
+def test_status_of_an_empty_queue(dsn):
+    out = pgfence("status", "--json", dsn=dsn)
+    assert (out.returncode, json.loads(out.stdout), out.stderr) == (0, {"queues": {}, "running": []}, "")
+
+
+# -- retry and cancel --------------------------------------------------------------
+
+
+def test_retry_ids_and_failed(dsn, conn, make_worker):
+    failed1 = scalar(conn, """
+        INSERT INTO pgfence.jobs (kind, status, attempt, max_attempts, reclaims, started_at, finished_at, last_error)
+        VALUES ('noop', 'failed', 3, 3, 2, now(), now() - interval '1 minute', 'boom') RETURNING id""")
+    failed2 = add_finished(conn, "default", "failed")
+    cancelled = add_finished(conn, "default", "cancelled")
+    done = add_finished(conn, "default", "done")
+    queued = enqueue(conn, "noop", priority=-1)
+
+    before = scalar(conn, "SELECT clock_timestamp()")
+    out = pgfence("retry", str(failed1), dsn=dsn)
+    assert (out.returncode, out.stdout, out.stderr) == (0, f"requeued 1 job(s): {failed1}\n", "")
+    row = job_row(conn, failed1)
+    assert (row["status"], row["attempt"], row["max_attempts"], row["reclaims"], row["last_error"]) == \
+        ("queued", 3, 4, 0, "boom")
+    assert (row["finished_at"], row["locked_by"], row["lease_until"]) == (None, None, None)
+    assert before <= row["run_at"] <= scalar(conn, "SELECT clock_timestamp()")
+    assert job_row(conn, failed2)["status"] == "failed"
+
+    out = pgfence("retry", str(cancelled), str(done), str(queued), "999999", dsn=dsn)
+    assert (out.returncode, out.stdout) == (0, f"requeued 1 job(s): {cancelled}\n")
+    assert [job_row(conn, i)["status"] for i in (cancelled, done, queued)] == ["queued", "done", "queued"]
+
+    out = pgfence("retry", "--failed", dsn=dsn)
+    assert (out.returncode, out.stdout) == (0, f"requeued 1 job(s): {failed2}\n")
+    out = pgfence("retry", "--failed", dsn=dsn)
+    assert (out.returncode, out.stdout) == (0, "requeued 0 job(s)\n")
+    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'failed'") == 0
+
+    # The retried job gets exactly one more attempt.
+    jobs = {j.id: j for j in make_worker("w-retry").claim(10)}
+    assert jobs[failed1].attempt == 4
+
+
+def test_cancel_running_job_owner_learns_at_next_renewal(dsn, conn, make_worker):
+    running = enqueue(conn, "effect", priority=1)
+    queued = enqueue(conn, "noop", queue="other")
+    done = add_finished(conn, "default", "done")
+    heartbeat = HeartbeatManager(dsn, default_lease=30)
+    try:
+        worker = make_worker("w-cancel", heartbeat=heartbeat, lease=30)
+        [job] = worker.claim()
+        assert job.id == running
+        first = heartbeat.run_once()
+        assert (first.sent, first.renewed, first.lost) == (1, 1, {})
+
+        out = pgfence("cancel", str(running), str(queued), str(done), dsn=dsn)
+        assert (out.returncode, out.stderr) == (0, "")
+        assert out.stdout == f"cancelled 2 job(s): {' '.join(map(str, sorted([running, queued])))}\n"
+        row = job_row(conn, running)
+        assert (row["status"], row["attempt"], row["locked_by"], row["lease_until"], row["last_error"]) == \
+            ("cancelled", 1, None, None, "cancelled by an operator")
+        assert row["finished_at"] is not None
+        assert job_row(conn, queued)["status"] == "cancelled"
+        assert job_row(conn, done)["status"] == "done"
+        assert not job.lease_lost     # not known before the next renewal
+
+        second = heartbeat.run_once()
+        assert (second.sent, second.renewed, second.lost) == (1, 0, {"cancelled": 1})
+        assert job.lease.lost_reason == "cancelled"
+        with pytest.raises(LeaseLost) as lost:
+            job.check()
+        assert lost.value.reason == "cancelled"
+        # A completion after the cancel is rolled back with its writes.
+        with pytest.raises(LeaseLost):
+            with job.fenced() as c:
+                c.execute(q("insert_effect"), {"job_id": job.id, "attempt": job.attempt, "key": "k", "worker": "w"})
+        assert scalar(conn, "SELECT count(*) FROM pgfence.effects") == 0
+        assert job_row(conn, running)["status"] == "cancelled"
+        # A lost lease is not renewed again.
+        assert heartbeat.run_once().sent == 0
+    finally:
+        heartbeat.stop()
+
+    out = pgfence("cancel", str(running), dsn=dsn)
+    assert (out.returncode, out.stdout, out.stderr) == (1, "cancelled 0 job(s)\n", "")
+
+
+# -- settings ----------------------------------------------------------------------
+
+
+def test_settings_precedence_toml_then_env_then_cli(tmp_path):
+    path = tmp_path / "pgfence.toml"
+    path.write_text('[pgfence]\nlease = "20s"\nbatch = 2\npoll-interval = 9\nqueues = ["a", "b"]\n')
+    other = tmp_path / "other.toml"
+    other.write_text("lease = 40\ntimeout = \"2m\"\n")
+
+    s = settings_mod.load({}, env={}, config_path=str(path))
+    assert (s.lease, s.batch, s.poll_interval, s.queues) == (20.0, 2, 9.0, ("a", "b"))
+    assert (s.heartbeat, s.timeout, s.retention) == (None, None, 7 * 86400.0)     # untouched defaults
+
+    env = {"PGFENCE_LEASE": "15", "PGFENCE_BATCH": "3", "PGFENCE_CONFIG": str(other), "PGFENCE_NOT_A_SETTING": "x"}
+    s = settings_mod.load({}, env=env, config_path=str(path))   # --config wins over PGFENCE_CONFIG
+    assert (s.lease, s.batch, s.poll_interval, s.queues, s.timeout) == (15.0, 3, 9.0, ("a", "b"), None)
+
+    s = settings_mod.load({"lease": "10", "batch": None, "queues": "c"}, env=env, config_path=str(path))
+    assert (s.lease, s.batch, s.poll_interval, s.queues) == (10.0, 3, 9.0, ("c",))
+
+    s = settings_mod.load({}, env=env)                          # PGFENCE_CONFIG when no --config
+    assert (s.lease, s.timeout, s.batch) == (15.0, 120.0, 3)
+    assert settings_mod.load({}, env={}) == Settings()
+
+    with pytest.raises(ConfigError, match="invalid lease"):
+        settings_mod.load({"lease": "-3"}, env={})
+    with pytest.raises(ConfigError, match="invalid batch"):
+        settings_mod.load({}, env={"PGFENCE_BATCH": "0"})
+
+
+def test_work_command_applies_the_settings_precedence(dsn, conn, tmp_path):
+    path = tmp_path / "pgfence.toml"
+    path.write_text('queues = ["a", "b"]\nlease = "20s"\n')
+    in_a = enqueue(conn, "noop", queue="a")
+    in_default = enqueue(conn, "noop")
+
+    def work(*args: str, **env: str):
+        out = pgfence("work", "--burst", "--name", "w-set", "--config", str(path), *args,
+                      env=env_for(dsn, **env))
+        assert out.returncode == 0, out.stderr
+        return out.stderr
+
+    assert "worker w-set on queues a,b (lease 20.0s," in work()
+    assert "worker w-set on queues a,b (lease 15.0s," in work(PGFENCE_LEASE="15")
+    assert "worker w-set on queues b (lease 10.0s," in work("--lease", "10", "--queues", "b", PGFENCE_LEASE="15")
+    # The TOML's queues were used: the job in "a" ran, the one in "default" did not.
+    assert (job_row(conn, in_a)["status"], job_row(conn, in_default)["status"]) == ("done", "queued")

@@ -1,0 +1,250 @@
+"""Enqueue: dedupe keys, idempotency keys, transactional enqueue, the SQL
+function and the CLI's options."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import psycopg
+import pytest
+
+import handlers.builtin  # noqa: F401 - registers noop & co. before the registry snapshot
+from pgtools import job_row, pgfence, scalar, wait_for
+from supervisor import ConfigError, enqueue, handler
+from supervisor.job import idempotency_key
+
+UTC = dt.timezone.utc
+
+
+def count_jobs(conn: psycopg.Connection) -> int:
+    return scalar(conn, "SELECT count(*) FROM pgfence.jobs")
+
+
+def test_dedupe_key_returns_the_live_job_then_a_new_one_after_it_finished(conn, make_worker):
+    conn.execute("SET statement_timeout = '10s'")    # a looping pgfence.enqueue fails, not hangs
+    first = enqueue(conn, "noop", {"n": 1}, dedupe_key="order-7")
+    assert enqueue(conn, "noop", {"n": 2}, dedupe_key="order-7") == first      # queued
+    other_kind = enqueue(conn, "effect", dedupe_key="order-7")                  # the key is per kind
+    assert other_kind != first
+    assert count_jobs(conn) == 2
+    assert job_row(conn, first)["payload"] == {"n": 1}   # the duplicate changed nothing
+
+    worker = make_worker("w-dd")
+    [job] = worker.claim()
+    assert job.id == first and job_row(conn, first)["status"] == "running"
+    assert enqueue(conn, "noop", {"n": 3}, dedupe_key="order-7") == first      # running
+    assert count_jobs(conn) == 2
+
+    with job.fenced():
+        pass
+    assert job_row(conn, first)["status"] == "done"
+    second = enqueue(conn, "noop", {"n": 4}, dedupe_key="order-7")              # finished: new job
+    assert second not in (first, other_kind)
+    assert enqueue(conn, "noop", dedupe_key="order-7") == second
+
+    conn.execute("UPDATE pgfence.jobs SET status = 'cancelled', finished_at = now() WHERE id = %s", (second,))
+    third = enqueue(conn, "noop", dedupe_key="order-7")
+    assert third not in (first, second, other_kind)
+    assert count_jobs(conn) == 4
+    assert [r[0] for r in conn.execute(
+        "SELECT status FROM pgfence.jobs WHERE kind = 'noop' AND dedupe_key = 'order-7' ORDER BY id")] == \
+        ["done", "cancelled", "queued"]
+
+
+def test_concurrent_enqueues_with_one_dedupe_key_make_one_job(dsn, conn):
+    threads = 8
+    barrier = threading.Barrier(threads)
+    ids: list[int] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                c.execute("SET statement_timeout = '10s'")
+                barrier.wait()
+                ids.append(enqueue(c, "noop", dedupe_key="burst"))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    pool = [threading.Thread(target=run) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=30)
+    assert errors == []
+    assert len(ids) == threads and len(set(ids)) == 1
+    assert count_jobs(conn) == 1
+
+
+def test_idempotency_key_comes_from_id_or_dedupe_key_never_the_attempt(conn, make_worker):
+    assert idempotency_key(42, "send_receipt", None) == "pgfence:job:42"
+    assert idempotency_key(42, "send_receipt", "") == "pgfence:job:42"
+    assert idempotency_key(42, "send_receipt", "order-9") == "pgfence:send_receipt:order-9"
+    assert idempotency_key(43, "send_receipt", "order-9") == "pgfence:send_receipt:order-9"
+
+    plain = enqueue(conn, "noop")
+    worker = make_worker("w-key", lease=0.2)
+    [one] = worker.claim()
+    wait_for(lambda: scalar(conn, "SELECT lease_until < now() FROM pgfence.jobs WHERE id = %s", (plain,)),
+             timeout=10, message="the lease to expire")
+    [two] = worker.claim()
+    assert (one.id, one.attempt, two.id, two.attempt) == (plain, 1, plain, 2)
+    assert one.idempotency_key == two.idempotency_key == f"pgfence:job:{plain}"
+
+    # Two jobs for one business event (the first finished) share the key.
+    with two.fenced():
+        pass
+    a = enqueue(conn, "noop", dedupe_key="evt-1")
+    [ja] = worker.claim()
+    with ja.fenced():
+        pass
+    b = enqueue(conn, "noop", dedupe_key="evt-1")
+    [jb] = worker.claim()
+    assert a != b and (ja.id, jb.id) == (a, b)
+    assert ja.idempotency_key == jb.idempotency_key == "pgfence:noop:evt-1"
+
+
+def test_enqueue_rolls_back_with_the_callers_transaction(dsn, conn):
+    conn.execute("CREATE TABLE public.orders (id int PRIMARY KEY)")
+    with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn, autocommit=True) as other:
+        listener.execute("LISTEN pgfence_jobs")
+        with pytest.raises(RuntimeError, match="payment declined"):
+            with conn.transaction():
+                conn.execute("INSERT INTO public.orders VALUES (1)")
+                job_id = enqueue(conn, "noop", {"order": 1}, queue="q_rolled_back")
+                assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE id = %s", (job_id,)) == 1
+                assert count_jobs(other) == 0            # not visible before commit
+                raise RuntimeError("payment declined")
+        assert count_jobs(conn) == 0
+        assert scalar(conn, "SELECT count(*) FROM public.orders") == 0
+
+        with conn.transaction():
+            conn.execute("INSERT INTO public.orders VALUES (2)")
+            kept = enqueue(conn, "noop", {"order": 2}, queue="q_committed")
+        assert [r[0] for r in conn.execute("SELECT id FROM pgfence.jobs")] == [kept]
+        assert scalar(conn, "SELECT count(*) FROM public.orders") == 1
+        # The rolled-back enqueue never notified; the first wake-up is the commit's.
+        notes = list(listener.notifies(timeout=10, stop_after=1))
+        assert [(n.channel, n.payload) for n in notes] == [("pgfence_jobs", "q_committed")]
+
+
+def test_sql_function_enqueue_with_defaults_and_all_arguments(conn):
+    job_id = scalar(conn, "SELECT pgfence.enqueue('noop')")
+    row = job_row(conn, job_id)
+    assert {k: row[k] for k in ("kind", "queue", "payload", "status", "attempt", "max_attempts", "reclaims",
+                                "max_reclaims", "priority", "dedupe_key", "locked_by", "lease_until",
+                                "last_error", "started_at", "finished_at")} == {
+        "kind": "noop", "queue": "default", "payload": {}, "status": "queued", "attempt": 0, "max_attempts": 5,
+        "reclaims": 0, "max_reclaims": 3, "priority": 0, "dedupe_key": None, "locked_by": None,
+        "lease_until": None, "last_error": None, "started_at": None, "finished_at": None}
+    assert row["run_at"] == row["created_at"]
+
+    with conn.transaction():
+        full = scalar(conn, """
+            SELECT pgfence.enqueue(p_kind => 'report', p_payload => '{"a": [1, 2]}'::jsonb,
+                                   p_queue => 'reports', p_priority => 7,
+                                   p_run_at => '2031-05-06 07:08:09.5+00', p_max_attempts => 2,
+                                   p_dedupe_key => 'r-1', p_max_reclaims => 0)""")
+        # Same key while queued: the same id, from plain SQL too.
+        assert scalar(conn, "SELECT pgfence.enqueue('report', p_dedupe_key => 'r-1')") == full
+    row = job_row(conn, full)
+    assert (row["kind"], row["payload"], row["queue"], row["priority"], row["max_attempts"],
+            row["dedupe_key"], row["max_reclaims"], row["status"]) == \
+        ("report", {"a": [1, 2]}, "reports", 7, 2, "r-1", 0, "queued")
+    assert row["run_at"] == dt.datetime(2031, 5, 6, 7, 8, 9, 500000, tzinfo=UTC)
+    # NULL arguments fall back to the defaults, like omitted ones.
+    nulls = scalar(conn, "SELECT pgfence.enqueue('noop', NULL, NULL, NULL, NULL, NULL, NULL, NULL)")
+    row = job_row(conn, nulls)
+    assert (row["payload"], row["queue"], row["priority"], row["max_attempts"], row["max_reclaims"]) == \
+        ({}, "default", 0, 5, 3)
+    assert count_jobs(conn) == 3
+
+
+def test_python_enqueue_uses_handler_defaults_and_validates(conn):
+    @handler("t_defaults", queue="mail", max_attempts=9, max_reclaims=1)
+    def defaults(job):
+        pass
+
+    job_id = enqueue(conn, "t_defaults")
+    row = job_row(conn, job_id)
+    assert (row["queue"], row["max_attempts"], row["max_reclaims"]) == ("mail", 9, 1)
+    explicit = enqueue(conn, "t_defaults", queue="other", max_attempts=2, max_reclaims=0)
+    row = job_row(conn, explicit)
+    assert (row["queue"], row["max_attempts"], row["max_reclaims"]) == ("other", 2, 0)
+
+    for kwargs, message in [
+        ({"delay": -1}, "invalid delay"),
+        ({"max_attempts": 0}, "invalid max-attempts"),
+        ({"max_reclaims": -1}, "invalid max-reclaims"),
+        ({"priority": 2**31}, "invalid priority: must be between -2147483648 and 2147483647"),
+        ({"priority": -(2**31) - 1}, "invalid priority"),
+        ({"max_reclaims": 2**40}, "invalid max-reclaims"),
+        ({"delay": 1, "run_at": dt.datetime.now(UTC)}, "not both"),
+        ({"payload": {"x": float("nan")}}, "not JSON-serialisable"),
+        ({"payload": {"x": object()}}, "not JSON-serialisable"),
+    ]:
+        payload = kwargs.pop("payload", None)
+        with pytest.raises(ConfigError, match=message):
+            enqueue(conn, "noop", payload, **kwargs)
+    assert count_jobs(conn) == 2
+    # The int4 bounds themselves are accepted.
+    low, high = enqueue(conn, "noop", priority=-(2**31)), enqueue(conn, "noop", priority=2**31 - 1)
+    assert (job_row(conn, low)["priority"], job_row(conn, high)["priority"]) == (-(2**31), 2**31 - 1)
+
+
+COLUMNS = ("kind", "queue", "payload", "status", "attempt", "max_attempts", "reclaims", "max_reclaims",
+           "priority", "dedupe_key", "locked_by", "lease_until", "last_error", "started_at", "finished_at")
+
+
+def columns(row: dict) -> dict:
+    return {k: row[k] for k in COLUMNS}
+
+
+def test_cli_enqueue_options_set_the_row_exactly(dsn, conn):
+    out = pgfence("enqueue", "noop", "--payload", '{"x": [1, 2], "s": "\u00e9"}', "--queue", "mail",
+                  "--priority", "7", "--max-attempts", "2", "--max-reclaims", "4", "--dedupe-key", "k1",
+                  "--delay", "90", dsn=dsn)
+    assert out.returncode == 0, out.stderr
+    job_id = int(out.stdout)
+    assert out.stdout == f"{job_id}\n"
+    row = job_row(conn, job_id)
+    assert columns(row) == {
+        "kind": "noop", "queue": "mail", "payload": {"x": [1, 2], "s": "\u00e9"}, "status": "queued",
+        "attempt": 0, "max_attempts": 2, "reclaims": 0, "max_reclaims": 4, "priority": 7, "dedupe_key": "k1",
+        "locked_by": None, "lease_until": None, "last_error": None, "started_at": None, "finished_at": None}
+    # --delay counts from the enqueue (computed on the client's clock, just before the insert).
+    delay = (row["run_at"] - row["created_at"]).total_seconds()
+    assert 89.0 <= delay <= 90.0, delay
+
+    out = pgfence("enqueue", "noop", "--run-at", "2031-05-06T07:08:09+02:00", "--priority", "-3", dsn=dsn)
+    assert out.returncode == 0, out.stderr
+    row = job_row(conn, int(out.stdout))
+    assert row["run_at"] == dt.datetime(2031, 5, 6, 5, 8, 9, tzinfo=UTC)
+    assert (row["priority"], row["queue"], row["max_attempts"], row["max_reclaims"], row["payload"]) == \
+        (-3, "default", 5, 3, {})
+
+    out = pgfence("enqueue", "noop", dsn=dsn)
+    assert out.returncode == 0, out.stderr
+    row = job_row(conn, int(out.stdout))
+    assert columns(row) == {
+        "kind": "noop", "queue": "default", "payload": {}, "status": "queued", "attempt": 0, "max_attempts": 5,
+        "reclaims": 0, "max_reclaims": 3, "priority": 0, "dedupe_key": None, "locked_by": None,
+        "lease_until": None, "last_error": None, "started_at": None, "finished_at": None}
+    assert row["run_at"] == row["created_at"]
+
+    # A kind no local handler defines is refused unless --any-kind says a worker elsewhere knows it.
+    refused = pgfence("enqueue", "remote_kind", dsn=dsn)
+    assert refused.returncode == 2 and refused.stderr.startswith("pgfence: error: unknown job kind 'remote_kind'")
+    out = pgfence("enqueue", "remote_kind", "--any-kind", "--run-at", "2031-01-01T00:00:00", dsn=dsn)
+    assert out.returncode == 0, out.stderr
+    row = job_row(conn, int(out.stdout))
+    assert row["kind"] == "remote_kind"
+    # A naive --run-at is local time.
+    assert row["run_at"] == dt.datetime(2031, 1, 1).astimezone()
+    assert count_jobs(conn) == 4
+
+    dup = pgfence("enqueue", "noop", "--dedupe-key", "k1", "--payload", '{"other": true}', dsn=dsn)
+    assert dup.returncode == 0, dup.stderr
+    assert int(dup.stdout) == job_id and count_jobs(conn) == 4
+    assert job_row(conn, job_id)["payload"] == {"x": [1, 2], "s": "\u00e9"}   # the first enqueue's

@@ -1,0 +1,573 @@
+"""The heartbeat manager against a real PostgreSQL: one renewal statement per
+round for any number of leases, renewals fenced by attempt, leases given up
+on time when the database cannot be reached, timeouts, and the metrics.
+
+Local deadlines are ``time.monotonic`` values; every test that bounds one
+reads the clock itself around the round it makes the manager run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import psycopg
+import pytest
+from prometheus_client import REGISTRY
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pgtools import job_row, scalar, wait_for, with_dbname
+from supervisor import LeaseLost, enqueue
+from supervisor.heartbeat import HeartbeatManager
+from supervisor.job import Job
+from supervisor.lease import Lease
+from supervisor.queries import q
+
+HEARTBEAT_APP = "pgfence heartbeat"
+
+
+# -- helpers ------------------------------------------------------------------
+
+
+def claim(conn, worker: str, *, queue: str, lease: float = 30.0, batch: int = 1) -> list[tuple[int, int, str]]:
+    """Run the real claim query; return (id, attempt, prev_status) per job."""
+    rows = conn.execute(q("claim"), {
+        "queues": [queue], "batch": batch, "worker": worker, "lease": lease,
+        "lease_kinds": [], "lease_secs": [],
+    }).fetchall()
+    return sorted((r[0], r[5], r[14]) for r in rows)
+
+
+def claim_one(conn, worker: str, *, queue: str, kind: str = "effect", lease: float = 30.0) -> tuple[int, Lease]:
+    """Enqueue one job, claim it as attempt 1; return its id and a held lease."""
+    job_id = enqueue(conn, kind, {"seconds": 0}, queue=queue)
+    sent_at = time.monotonic()
+    assert claim(conn, worker, queue=queue, lease=lease) == [(job_id, 1, "queued")]
+    return job_id, Lease(job_id, 1, lease, queue, kind, deadline=sent_at + lease)
+
+
+def expire(conn, job_id: int) -> None:
+    conn.execute("UPDATE pgfence.jobs SET lease_until = now() - interval '1 second' WHERE id = %s", (job_id,))
+
+
+def lease_until(conn, job_id: int):
+    return scalar(conn, "SELECT lease_until FROM pgfence.jobs WHERE id = %s", (job_id,))
+
+
+def lost_total(queue: str, kind: str, reason: str) -> float:
+    value = REGISTRY.get_sample_value("pgfence_lease_lost_total", {"queue": queue, "kind": kind, "reason": reason})
+    return value or 0.0
+
+
+def job_for(lease: Lease) -> Job:
+    return Job(lease.id, lease.kind, lease.queue, lease.attempt, {}, lease)
+
+
+def check_reason(job: Job) -> str | None:
+    """The reason job.check() raises with, or None when it does not raise."""
+    try:
+        job.check()
+    except LeaseLost as exc:
+        assert (exc.job_id, exc.attempt) == (job.id, job.attempt)
+        return exc.reason
+    return None
+
+
+def heartbeat_backends(conn) -> list[int]:
+    return [r[0] for r in conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s",
+        (HEARTBEAT_APP,))]
+
+
+def terminate_heartbeat(conn) -> None:
+    pids = heartbeat_backends(conn)
+    assert len(pids) == 1, pids
+    assert scalar(conn, "SELECT pg_terminate_backend(%s)", (pids[0],)) is True
+    wait_for(lambda: pids[0] not in heartbeat_backends(conn), timeout=10, message="heartbeat backend gone")
+
+
+@pytest.fixture
+def managers():
+    """Make HeartbeatManagers that are always stopped (pool closed) at the end."""
+    made: list[HeartbeatManager] = []
+
+    def make(dsn: str, **kwargs) -> HeartbeatManager:
+        manager = HeartbeatManager(dsn, **kwargs)
+        made.append(manager)
+        return manager
+
+    yield make
+    for manager in made:
+        manager.stop()
+
+
+def wait_marked(lease: Lease, timeout: float) -> float:
+    """Poll lease.lost_reason (never lease.lost(), which would mark the lease
+    itself) and return the monotonic time the mark was first seen."""
+    deadline = time.monotonic() + timeout
+    while lease.lost_reason is None:
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"lease not marked lost within {timeout}s")
+        time.sleep(0.005)
+    return time.monotonic()
+
+
+def wait_check_raises(job: Job, timeout: float) -> tuple[float, str]:
+    """Call job.check() until it raises; return the time and the reason."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reason = check_reason(job)
+        if reason is not None:
+            return time.monotonic(), reason
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"job.check() did not raise within {timeout}s")
+        time.sleep(0.005)
+
+
+#: How late a poll may observe a mark that happened at the deadline.
+POLL_SLACK = 0.2
+
+
+# -- one statement per round ----------------------------------------------------
+
+
+def test_many_leases_are_renewed_by_one_statement_per_round(dsn, conn, managers):
+    queue = "hb-batch"
+    ids = [enqueue(conn, "effect", {}, queue=queue) for _ in range(25)]
+    claimed = claim(conn, "w1", queue=queue, lease=30.0, batch=25)
+    assert claimed == [(i, 1, "queued") for i in ids]
+    before = {i: lease_until(conn, i) for i in ids}
+    # Every lease its own length, so the rows tell whether they were renewed
+    # by one statement: then lease_until - length is the same now() for all.
+    leases = [Lease(i, 1, 40.0 + n, queue, "effect", deadline=time.monotonic() + 30) for n, i in enumerate(ids)]
+    manager = managers(dsn, default_lease=40.0)
+    for lease in leases:
+        manager.track(lease)
+
+    t0 = time.monotonic()
+    result = manager.run_once()
+    t1 = time.monotonic()
+
+    assert manager.statements == 1
+    assert (result.sent, result.renewed, result.lost, result.error) == (25, 25, {}, None)
+    rows = conn.execute(
+        "SELECT id, lease_until, lease_until - make_interval(secs => 40 + (row_number() OVER (ORDER BY id) - 1))"
+        "  FROM pgfence.jobs WHERE queue = %s ORDER BY id", (queue,)).fetchall()
+    assert [r[0] for r in rows] == ids
+    assert all(r[1] > before[r[0]] for r in rows)
+    renewed_at = {r[2] for r in rows}
+    assert len(renewed_at) == 1, renewed_at
+    for lease in leases:
+        assert t0 + lease.seconds <= lease.deadline <= t1 + lease.seconds
+        assert lease.lost_reason is None
+
+    second = manager.run_once()
+    assert manager.statements == 2
+    assert (second.sent, second.renewed) == (25, 25)
+    again = {r[0] for r in conn.execute(
+        "SELECT lease_until - make_interval(secs => 40 + (row_number() OVER (ORDER BY id) - 1))"
+        "  FROM pgfence.jobs WHERE queue = %s", (queue,))}
+    assert len(again) == 1 and again.pop() > renewed_at.pop()
+
+
+def test_round_without_leases_sends_no_statement(dsn, managers):
+    manager = managers(dsn, default_lease=3.0)
+    result = manager.run_once()
+    assert (result.sent, result.renewed, result.lost, result.error) == (0, 0, {}, None)
+    assert manager.statements == 0
+
+
+# -- renewals are fenced --------------------------------------------------------
+
+
+def test_renewal_by_a_reclaimed_attempt_touches_no_row(dsn, conn, managers):
+    queue = "hb-reclaimed"
+    job_id, old = claim_one(conn, "old-owner", queue=queue)
+    expire(conn, job_id)
+    assert claim(conn, "new-owner", queue=queue, lease=30.0) == [(job_id, 2, "running")]
+    row = job_row(conn, job_id)
+    assert (row["status"], row["attempt"], row["locked_by"]) == ("running", 2, "new-owner")
+    manager = managers(dsn, default_lease=30.0)
+    manager.track(old)
+    lost_before = lost_total(queue, "effect", "renewal_rejected")
+
+    result = manager.run_once()
+
+    assert manager.statements == 1
+    assert (result.sent, result.renewed, result.lost, result.error) == (1, 0, {"renewal_rejected": 1}, None)
+    after = job_row(conn, job_id)
+    assert after == row   # not one column changed, lease_until included
+    assert old.lost_reason == "renewal_rejected"
+    assert check_reason(job_for(old)) == "renewal_rejected"
+    assert lost_total(queue, "effect", "renewal_rejected") == lost_before + 1
+
+    # A lost lease is not sent again, and counted once.
+    again = manager.run_once()
+    assert (again.sent, again.lost, manager.statements) == (0, {}, 1)
+    assert lost_total(queue, "effect", "renewal_rejected") == lost_before + 1
+
+
+def test_renewal_of_a_cancelled_job_marks_the_lease_cancelled(dsn, conn, managers):
+    queue = "hb-cancelled"
+    job_id, lease = claim_one(conn, "owner", queue=queue)
+    assert [r[0] for r in conn.execute(q("cancel_ids"), {"ids": [job_id]})] == [job_id]
+    row = job_row(conn, job_id)
+    assert (row["status"], row["attempt"], row["lease_until"]) == ("cancelled", 1, None)
+    manager = managers(dsn, default_lease=30.0)
+    manager.track(lease)
+    lost_before = lost_total(queue, "effect", "cancelled")
+
+    result = manager.run_once()
+
+    assert (result.sent, result.renewed, result.lost, result.error) == (1, 0, {"cancelled": 1}, None)
+    assert job_row(conn, job_id) == row
+    assert lease.lost_reason == "cancelled"
+    assert check_reason(job_for(lease)) == "cancelled"
+    assert lost_total(queue, "effect", "cancelled") == lost_before + 1
+
+
+def test_one_round_reports_each_job_of_the_batch(dsn, conn, managers):
+    """Held, reclaimed, cancelled and completed jobs renewed in one statement:
+    only the held one is renewed, each other one lost for its own reason."""
+    queue = "hb-mixed"
+    held_id, held = claim_one(conn, "w1", queue=queue)
+    reclaimed_id, reclaimed = claim_one(conn, "w1", queue=queue)
+    cancelled_id, cancelled = claim_one(conn, "w1", queue=queue)
+    done_id, done = claim_one(conn, "w1", queue=queue)
+    expire(conn, reclaimed_id)
+    assert claim(conn, "w2", queue=queue) == [(reclaimed_id, 2, "running")]
+    conn.execute(q("cancel_ids"), {"ids": [cancelled_id]})
+    assert conn.execute(q("complete"), {"id": done_id, "attempt": 1}).fetchone() == (done_id,)
+    rows_before = {i: job_row(conn, i) for i in (held_id, reclaimed_id, cancelled_id, done_id)}
+    manager = managers(dsn, default_lease=30.0)
+    for lease in (held, reclaimed, cancelled, done):
+        manager.track(lease)
+    before = {r: lost_total(queue, "effect", r) for r in ("renewal_rejected", "cancelled")}
+
+    result = manager.run_once()
+
+    assert manager.statements == 1
+    assert (result.sent, result.renewed, result.error) == (4, 1, None)
+    assert result.lost == {"renewal_rejected": 2, "cancelled": 1}
+    assert (held.lost_reason, reclaimed.lost_reason, cancelled.lost_reason, done.lost_reason) == (
+        None, "renewal_rejected", "cancelled", "renewal_rejected")
+    assert lease_until(conn, held_id) > rows_before[held_id]["lease_until"]
+    for job_id in (reclaimed_id, cancelled_id, done_id):
+        assert job_row(conn, job_id) == rows_before[job_id]
+    assert lost_total(queue, "effect", "renewal_rejected") == before["renewal_rejected"] + 2
+    assert lost_total(queue, "effect", "cancelled") == before["cancelled"] + 1
+    assert check_reason(job_for(held)) is None
+
+    second = manager.run_once()
+    assert (second.sent, second.renewed, second.lost, manager.statements) == (1, 1, {}, 2)
+
+
+def test_stale_and_current_attempt_of_one_job_in_one_round(dsn, conn, managers):
+    """The answer is per (id, attempt): the current owner's renewal succeeding
+    in the same statement must not pass for the stale attempt's."""
+    queue = "hb-same-id"
+    job_id, stale = claim_one(conn, "old-owner", queue=queue)
+    expire(conn, job_id)
+    sent_at = time.monotonic()
+    assert claim(conn, "new-owner", queue=queue) == [(job_id, 2, "running")]
+    current = Lease(job_id, 2, 30.0, queue, "effect", deadline=sent_at + 30.0)
+    until = lease_until(conn, job_id)
+    manager = managers(dsn, default_lease=30.0)
+    manager.track(stale)
+    manager.track(current)
+
+    result = manager.run_once()
+
+    assert (result.sent, result.renewed, result.lost, result.error) == (2, 1, {"renewal_rejected": 1}, None)
+    assert (stale.lost_reason, current.lost_reason) == ("renewal_rejected", None)
+    row = job_row(conn, job_id)
+    assert (row["status"], row["attempt"], row["locked_by"]) == ("running", 2, "new-owner")
+    assert row["lease_until"] > until
+
+
+# -- the local deadline ---------------------------------------------------------
+
+
+def test_deadline_counts_from_when_the_renewal_was_sent(dsn, conn, managers):
+    queue = "hb-sendtime"
+    job_id, lease = claim_one(conn, "owner", queue=queue, lease=20.0)
+    manager = managers(dsn, default_lease=20.0, interval=5.0)   # statement_timeout 5 s
+    manager.track(lease)
+
+    t0 = time.monotonic()
+    assert manager.run_once().renewed == 1
+    t1 = time.monotonic()
+    assert t0 + 20.0 <= lease.deadline <= t1 + 20.0
+
+    # Hold the job's row so the next renewal waits for it; the answer comes
+    # only after the test has seen the statement waiting.
+    with psycopg.connect(dsn) as locker:
+        locker.execute("SELECT 1 FROM pgfence.jobs WHERE id = %s FOR UPDATE", (job_id,))
+        results = []
+        t_sent = time.monotonic()
+        runner = threading.Thread(target=lambda: results.append(manager.run_once()))
+        runner.start()
+        try:
+            wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                                          " AND application_name = %s AND wait_event_type = 'Lock'",
+                                    (HEARTBEAT_APP,)) == 1,
+                     timeout=4, message="renewal waiting on the row lock")
+            t_seen = time.monotonic()
+        finally:
+            locker.commit()
+            runner.join(10)
+    assert not runner.is_alive()
+    assert [(r.sent, r.renewed, r.error) for r in results] == [(1, 1, None)]
+    # Counted from the send: no later than the moment it was seen waiting,
+    # though the answer arrived after that.
+    assert t_sent + 20.0 <= lease.deadline <= t_seen + 20.0
+
+
+def test_renewal_that_times_out_keeps_the_old_deadline(dsn, conn, managers):
+    queue = "hb-slow"
+    job_id, lease = claim_one(conn, "owner", queue=queue, lease=20.0)
+    manager = managers(dsn, default_lease=20.0, interval=0.3)   # statement_timeout 300 ms
+    manager.track(lease)
+    assert manager.run_once().renewed == 1
+    deadline, until = lease.deadline, lease_until(conn, job_id)
+    with psycopg.connect(dsn) as locker:
+        locker.execute("SELECT 1 FROM pgfence.jobs WHERE id = %s FOR UPDATE", (job_id,))
+        result = manager.run_once()
+        locker.rollback()
+    assert (result.sent, result.renewed, result.lost) == (1, 0, {})
+    assert result.error is not None and "statement timeout" in result.error
+    assert lease.deadline == deadline and lease.lost_reason is None
+    assert lease_until(conn, job_id) == until
+    assert manager.statements == 2
+
+
+def test_job_past_its_timeout_is_not_renewed(dsn, conn, managers):
+    queue = "hb-timeout"
+    late_id, late = claim_one(conn, "owner", queue=queue)
+    live_id, live = claim_one(conn, "owner", queue=queue)
+    late.timeout = 0.5
+    late.claimed_at = time.monotonic() - 0.5
+    live.timeout = 3600.0
+    until = {i: lease_until(conn, i) for i in (late_id, live_id)}
+    manager = managers(dsn, default_lease=30.0)
+    manager.track(late)
+    manager.track(live)
+    before = lost_total(queue, "effect", "timeout")
+
+    result = manager.run_once()
+
+    assert (result.sent, result.renewed, result.lost, result.error) == (1, 1, {"timeout": 1}, None)
+    assert manager.statements == 1
+    assert late.lost_reason == "timeout" and live.lost_reason is None
+    assert check_reason(job_for(late)) == "timeout"
+    assert lease_until(conn, late_id) == until[late_id]
+    assert lease_until(conn, live_id) > until[live_id]
+    assert lost_total(queue, "effect", "timeout") == before + 1
+
+    # Only a timed-out lease left: no statement at all.
+    manager.untrack(live)
+    again = manager.run_once()
+    assert (again.sent, again.lost, manager.statements) == (0, {}, 1)
+    assert lease_until(conn, late_id) == until[late_id]
+
+
+def test_job_reaching_its_timeout_under_a_running_heartbeat(dsn, conn, managers):
+    queue = "hb-timeout-live"
+    job_id, lease = claim_one(conn, "owner", queue=queue, lease=3.0)
+    lease.timeout = 0.6
+    manager = managers(dsn, default_lease=3.0, interval=0.1)
+    manager.track(lease)
+    job = job_for(lease)
+    manager.start()
+    wait_for(lambda: lease.lost_reason is not None, timeout=5, message="lease lost")
+    assert lease.lost_reason == "timeout"
+    assert time.monotonic() - lease.claimed_at >= 0.6
+    assert check_reason(job) == "timeout"
+    # No renewal after the mark: one more round leaves the row alone.
+    until = lease_until(conn, job_id)
+    statements = manager.statements
+    manager.stop()
+    result = manager.run_once()
+    assert (result.sent, manager.statements) == (0, statements)
+    assert lease_until(conn, job_id) == until
+
+
+# -- a database that cannot be reached ------------------------------------------
+
+
+def test_killed_heartbeat_connection_fails_one_round_then_renews(dsn, conn, managers):
+    queue = "hb-killed"
+    job_id, lease = claim_one(conn, "owner", queue=queue, lease=10.0)
+    manager = managers(dsn, default_lease=10.0, interval=1.0)
+    manager.track(lease)
+    assert manager.run_once().renewed == 1
+    deadline, until = lease.deadline, lease_until(conn, job_id)
+
+    terminate_heartbeat(conn)
+    failed = manager.run_once()
+    assert (failed.sent, failed.renewed, failed.lost) == (1, 0, {})
+    assert failed.error is not None
+    assert lease.deadline == deadline and lease.lost_reason is None
+    assert lease_until(conn, job_id) == until
+
+    # The pool replaces the dead connection; a later round renews again.
+    t0 = time.monotonic()
+    wait_for(lambda: manager.run_once().renewed == 1, timeout=10, message="a renewal after reconnecting")
+    assert lease.deadline >= t0 + 10.0
+    assert lease.lost_reason is None
+    assert lease_until(conn, job_id) > until
+
+
+def _assert_given_up_in_time(leases_jobs, cut_at: float, length: float, queue: str, kind: str, before: float):
+    """The first lease is observed through the manager's own mark, the second
+    through job.check(): both no later than the deadline of the last
+    successful renewal, which was sent before the cut."""
+    (watched, _), (checked, checked_job) = leases_jobs
+    marked_at = wait_marked(watched, timeout=length + 5)
+    raised_at, reason = wait_check_raises(checked_job, timeout=length + 5)
+    assert watched.lost_reason == "renewal_failed"
+    assert reason == "renewal_failed"
+    for lease, seen in ((watched, marked_at), (checked, raised_at)):
+        assert lease.deadline <= cut_at + length          # last success sent before the cut
+        assert lease.deadline <= seen <= lease.deadline + POLL_SLACK, (seen - lease.deadline)
+    assert lost_total(queue, kind, "renewal_failed") == before + 2
+
+
+def test_database_refusing_connections_loses_leases_by_their_deadline(dsn, conn, managers):
+    """The heartbeat's backend is killed and the database stops accepting
+    connections: no renewal can succeed from then on."""
+    queue = "hb-refused"
+    length = 1.5
+    a_id, a = claim_one(conn, "owner", queue=queue, lease=length)
+    b_id, b = claim_one(conn, "owner", queue=queue, lease=length)
+    manager = managers(dsn, default_lease=length)
+    manager.track(a)
+    manager.track(b)
+    until = lease_until(conn, a_id)
+    before = lost_total(queue, "effect", "renewal_failed")
+    dbname = scalar(conn, "SELECT current_database()")
+    # A database cannot refuse connections to itself from its own session.
+    with psycopg.connect(with_dbname(dsn, "postgres"), autocommit=True) as admin:
+        manager.start()
+        try:
+            wait_for(lambda: lease_until(conn, a_id) > until, timeout=5, message="a renewal by the running heartbeat")
+            admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
+            terminate_heartbeat(conn)
+            cut_at = time.monotonic()
+            _assert_given_up_in_time([(a, None), (b, job_for(b))], cut_at, length, queue, "effect", before)
+            assert heartbeat_backends(conn) == []
+        finally:
+            admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+
+
+class FreezableProxy:
+    """A TCP proxy to the test database that can stop carrying bytes while
+    keeping every connection open: a network partition where nothing fails,
+    statements just never get an answer."""
+
+    def __init__(self, dsn: str):
+        params = conninfo_to_dict(dsn)
+        host, port = params.get("host") or "/tmp", int(params.get("port") or 5432)
+        if host.startswith("/"):
+            self._family, self._address = socket.AF_UNIX, f"{host}/.s.PGSQL.{port}"
+        else:
+            self._family, self._address = socket.AF_INET, (host, port)
+        params.update(host="127.0.0.1", port=None)
+        self._params = params
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.frozen = threading.Event()
+        self._closed = threading.Event()
+        self._sockets: list[socket.socket] = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def dsn(self) -> str:
+        return make_conninfo("", **{**self._params, "port": self.port})
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(self._family, socket.SOCK_STREAM)
+            upstream.connect(self._address)
+            self._sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                while self.frozen.is_set() and not self._closed.is_set():
+                    self._closed.wait(0.01)
+                if self._closed.is_set():
+                    break
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._closed.set()
+        for s in self._sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+def test_partitioned_database_loses_leases_by_their_deadline(dsn, conn, managers):
+    """The network stops carrying packets while connections stay open: the
+    renewal statement hangs without an error, yet the leases are given up at
+    their deadlines."""
+    queue = "hb-partition"
+    length = 1.5
+    a_id, a = claim_one(conn, "owner", queue=queue, lease=length)
+    _b_id, b = claim_one(conn, "owner", queue=queue, lease=length)
+    proxy = FreezableProxy(dsn)
+    manager = managers(proxy.dsn, default_lease=length)
+    manager.track(a)
+    manager.track(b)
+    until = lease_until(conn, a_id)
+    before = lost_total(queue, "effect", "renewal_failed")
+    try:
+        manager.start()
+        wait_for(lambda: lease_until(conn, a_id) > until, timeout=5, message="a renewal through the proxy")
+        proxy.frozen.set()
+        cut_at = time.monotonic()
+        frozen_until = lease_until(conn, a_id)
+        _assert_given_up_in_time([(a, None), (b, job_for(b))], cut_at, length, queue, "effect", before)
+        assert lease_until(conn, a_id) == frozen_until
+    finally:
+        proxy.close()
+
+
+@pytest.mark.parametrize("listener", ["refused", "silent"])
+def test_unreachable_dsn_loses_the_lease_by_its_deadline(listener, managers):
+    """Nothing listens on the port (refused), or something accepts TCP and
+    never answers (silent): no renewal is ever accepted."""
+    queue, kind, length = f"hb-unreachable-{listener}", "effect", 1.0
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    if listener == "refused":
+        server.close()
+    try:
+        manager = managers(f"postgresql://postgres@127.0.0.1:{port}/pgfence", default_lease=length)
+        now = time.monotonic()
+        watched = Lease(1, 1, length, queue, kind, deadline=now + length)
+        checked = Lease(2, 1, length, queue, kind, deadline=now + length)
+        manager.track(watched)
+        manager.track(checked)
+        before = lost_total(queue, kind, "renewal_failed")
+        manager.start()
+        _assert_given_up_in_time([(watched, None), (checked, job_for(checked))], now, length, queue, kind, before)
+        assert manager.statements == 0   # never got a connection to send one on
+    finally:
+        server.close()
