@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import admin, db, embedded, migrate, registry, retention, settings as settings_mod
-from .errors import ConfigError, PgfenceError
+from .errors import ConfigError, PgfenceError, SchemaMissing
 from .producer import enqueue
 
 log = logging.getLogger("pgfence")
@@ -67,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     # UNSAFE: no lease renewal, completion by id alone.  Only the demo (and the
     # tests that reproduce the double run) use it, so it is not in --help.
     p.add_argument("--unprotected", action="store_true", help=argparse.SUPPRESS)
+
+    p = sub.add_parser("run", help="the supervisor: an arbiter, N forked workers and a heartbeat manager")
+    _common(p)
+    _worker_options(p)
+    p.add_argument("--workers", help="worker processes (default 2)")
+    p.add_argument("--graceful-timeout", help="seconds a SIGTERM drain waits for running jobs (default 30)")
+    p.add_argument("--lost-lease-kill-after",
+                   help="seconds a worker may keep running a job whose lease is lost before it is killed (default 5)")
 
     p = sub.add_parser("enqueue", help="enqueue one job and print its id")
     _common(p)
@@ -135,7 +143,8 @@ def _connect(args: argparse.Namespace, *, auto_migrate: bool = True):
 
 def _worker_settings(args: argparse.Namespace) -> settings_mod.Settings:
     cli = {name: getattr(args, name, None) for name in
-           ("queues", "lease", "heartbeat", "batch", "poll_interval", "timeout", "retention", "handlers")}
+           ("queues", "lease", "heartbeat", "batch", "poll_interval", "timeout", "retention", "handlers",
+            "workers", "graceful_timeout", "lost_lease_kill_after")}
     return settings_mod.load(cli, config_path=getattr(args, "config", None))
 
 
@@ -200,6 +209,26 @@ def cmd_work(args: argparse.Namespace) -> int:
     stats = worker.run(burst=args.burst, max_jobs=args.max_jobs)
     log.info("worker %s stopped: %s", worker.name, stats.outcomes)
     return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .arbiter import Arbiter
+
+    settings = _worker_settings(args)
+    # Handlers are imported here, before the fork, so a module that fails to
+    # import stops the arbiter with one line, and children share its pages.
+    registry.load(settings.handlers)
+    dsn, conn = _connect(args)
+    with conn:
+        missing = migrate.pending(conn)
+    if missing:
+        raise SchemaMissing(f"pgfence schema is not up to date ({len(missing)} migration(s) pending): "
+                            "run 'pgfence migrate'")
+    # The connection above is closed: the arbiter holds none when it forks.
+    arbiter = Arbiter(dsn, settings, reload_settings=lambda: _worker_settings(args))
+    log.info("pgfence run: %d workers, queues %s, lease %gs, database %s", settings.workers,
+             ",".join(settings.queues), settings.lease, db.redact(dsn))
+    return arbiter.run()
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
@@ -287,7 +316,7 @@ def cmd_dsn(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {
-    "migrate": cmd_migrate, "work": cmd_work, "enqueue": cmd_enqueue, "status": cmd_status,
+    "migrate": cmd_migrate, "work": cmd_work, "run": cmd_run, "enqueue": cmd_enqueue, "status": cmd_status,
     "retry": cmd_retry, "cancel": cmd_cancel, "prune": cmd_prune, "demo": cmd_demo, "dsn": cmd_dsn,
 }
 

@@ -64,7 +64,8 @@ class Settings:
         for name in positive:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ConfigError(f"invalid {name}: must be a positive number of seconds, got {value!r}")
+                raise ConfigError(f"invalid {name.replace('_', '-')}: must be a positive number of seconds, "
+                                  f"got {value!r}")
         for name in ("heartbeat", "timeout", "retention"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):

@@ -78,9 +78,28 @@ class Worker:
     @property
     def conn(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
-            self._conn = db.connect(self.dsn, application_name=f"pgfence worker {self.name}")
-            self._listening = False
+            conn = db.connect(self.dsn, application_name=f"pgfence worker {self.name}")
+            # Listen before the first claim, so that no enqueue can fall
+            # between a claim that found nothing and the LISTEN.
+            with db.translated(self.dsn):
+                conn.execute("LISTEN pgfence_jobs")
+            self._conn = conn
+            self._listening = True
         return self._conn
+
+    def connect_with_retry(self) -> bool:
+        """Connect, retrying with backoff while the database is unreachable
+        (a worker outlives a database restart); False if asked to stop first."""
+        delay = 0.1
+        while not self.stopping:
+            try:
+                self.conn  # noqa: B018 - opens the connection
+                return True
+            except DatabaseUnavailable as exc:
+                log.warning("worker %s cannot connect, retrying in %.1fs: %s", self.name, delay, exc)
+                self._stop.wait(delay)
+                delay = min(5.0, delay * 2)
+        return False
 
     def close(self) -> None:
         if self.heartbeat is not None and self._own_heartbeat:

@@ -1,0 +1,153 @@
+"""The shared table through which children, the heartbeat manager and the
+arbiter talk, created before any fork (an anonymous shared ``mmap``).
+
+Each child owns a slot.  The child writes its liveness tick and the jobs it
+holds (id, attempt, lease, claim time, timeout); the heartbeat manager writes
+back, per job, the new local deadline after a renewal and the reason if the
+lease is lost; the arbiter writes the slot's state (free, active, orphaned).
+Every field has exactly one writer, and a heartbeat write names the job and
+attempt it is about, so a late write about a previous job can never be taken
+for news about the current one.  No locks are needed.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import time
+from dataclasses import dataclass
+
+FREE, ACTIVE, ORPHANED_CRASH, ORPHANED_STOP = 0, 1, 2, 3
+
+#: Lost-reason codes in shared memory.
+REASONS = ("", "renewal_rejected", "renewal_failed", "timeout", "cancelled", "fence_rejected")
+REASON_CODE = {name: code for code, name in enumerate(REASONS)}
+
+_HEADER = struct.Struct("<8sqqqqqd")   # magic, nslots, njobs, rounds, statements, heartbeat pid, heartbeat tick
+_SLOT = struct.Struct("<qqqd")         # state, pid, worker number, tick
+# Child-written: job id, attempt, lease s, claimed_at, timeout (0: none).
+_JOB = struct.Struct("<qqddd")
+# Heartbeat-written: job id, attempt, deadline, lost code, lost_at.
+_HB = struct.Struct("<qqdqd")
+_MAGIC = b"pgfence1"
+
+
+@dataclass(frozen=True)
+class Held:
+    """A job a child holds, as read from its slot."""
+
+    slot: int
+    entry: int
+    job_id: int
+    attempt: int
+    lease: float
+    claimed_at: float
+    timeout: float | None
+
+
+class SlotTable:
+    def __init__(self, nslots: int, njobs: int):
+        if nslots < 1 or njobs < 1:
+            raise ValueError("nslots and njobs must be at least 1")
+        self.nslots = nslots
+        self.njobs = njobs
+        self._entry = _JOB.size + _HB.size
+        self._slot = _SLOT.size + njobs * self._entry
+        self.size = _HEADER.size + nslots * self._slot
+        # An anonymous MAP_SHARED mapping: every process forked after this
+        # line sees the same bytes.
+        self.buf = mmap.mmap(-1, self.size, flags=mmap.MAP_SHARED)
+        _HEADER.pack_into(self.buf, 0, _MAGIC, nslots, njobs, 0, 0, 0, 0.0)
+
+    # -- offsets ---------------------------------------------------------------
+
+    def _slot_off(self, slot: int) -> int:
+        if not 0 <= slot < self.nslots:
+            raise IndexError(slot)
+        return _HEADER.size + slot * self._slot
+
+    def _job_off(self, slot: int, entry: int) -> int:
+        if not 0 <= entry < self.njobs:
+            raise IndexError(entry)
+        return self._slot_off(slot) + _SLOT.size + entry * self._entry
+
+    # -- header (heartbeat statistics) ---------------------------------------------
+
+    def header(self) -> tuple[int, int, int, float]:
+        """(rounds, statements, heartbeat pid, heartbeat tick)."""
+        _m, _n, _j, rounds, statements, pid, tick = _HEADER.unpack_from(self.buf, 0)
+        return rounds, statements, pid, tick
+
+    def set_header(self, rounds: int, statements: int, pid: int, tick: float) -> None:
+        _HEADER.pack_into(self.buf, 0, _MAGIC, self.nslots, self.njobs, rounds, statements, pid, tick)
+
+    # -- slot (arbiter and child) -------------------------------------------------
+
+    def slot(self, slot: int) -> tuple[int, int, int, float]:
+        """(state, pid, worker number, tick)."""
+        return _SLOT.unpack_from(self.buf, self._slot_off(slot))
+
+    def set_slot(self, slot: int, state: int, pid: int, number: int) -> None:
+        """Set by the arbiter; the tick starts at 0 until the child is up."""
+        off = self._slot_off(slot)
+        _SLOT.pack_into(self.buf, off, state, pid, number, 0.0)
+
+    def set_state(self, slot: int, state: int) -> None:
+        struct.pack_into("<q", self.buf, self._slot_off(slot), state)
+
+    def tick(self, slot: int) -> None:
+        struct.pack_into("<d", self.buf, self._slot_off(slot) + 24, time.monotonic())
+
+    def free_slot(self) -> int | None:
+        for slot in range(self.nslots):
+            if self.slot(slot)[0] == FREE:
+                return slot
+        return None
+
+    # -- jobs (child writes) -------------------------------------------------------
+
+    def publish(self, slot: int, entry: int, job_id: int, attempt: int, lease: float,
+                claimed_at: float, timeout: float | None) -> None:
+        off = self._job_off(slot, entry)
+        # The id goes last so a reader never sees a new id with old numbers.
+        struct.pack_into("<ddd", self.buf, off + 16, lease, claimed_at, timeout or 0.0)
+        struct.pack_into("<q", self.buf, off + 8, attempt)
+        struct.pack_into("<q", self.buf, off, job_id)
+
+    def clear(self, slot: int, entry: int) -> None:
+        struct.pack_into("<q", self.buf, self._job_off(slot, entry), 0)
+
+    def held(self, slot: int) -> list[Held]:
+        out = []
+        for entry in range(self.njobs):
+            job_id, attempt, lease, claimed_at, timeout = _JOB.unpack_from(self.buf, self._job_off(slot, entry))
+            if job_id:
+                out.append(Held(slot, entry, job_id, attempt, lease, claimed_at, timeout or None))
+        return out
+
+    def clear_all(self, slot: int) -> None:
+        for entry in range(self.njobs):
+            off = self._job_off(slot, entry)
+            _JOB.pack_into(self.buf, off, 0, 0, 0.0, 0.0, 0.0)
+            _HB.pack_into(self.buf, off + _JOB.size, 0, 0, 0.0, 0, 0.0)
+
+    # -- heartbeat writes, child reads ------------------------------------------------
+
+    def report(self, slot: int, entry: int, job_id: int, attempt: int, *, deadline: float = 0.0,
+               lost: str | None = None, lost_at: float = 0.0) -> None:
+        off = self._job_off(slot, entry) + _JOB.size
+        _HB.pack_into(self.buf, off, 0, 0, deadline, REASON_CODE[lost] if lost else 0, lost_at)
+        struct.pack_into("<q", self.buf, off + 8, attempt)
+        struct.pack_into("<q", self.buf, off, job_id)
+
+    def news(self, slot: int, entry: int, job_id: int, attempt: int) -> tuple[float, str | None, float] | None:
+        """(deadline, lost reason, lost_at) reported for exactly this job and
+        attempt, or None when the heartbeat said nothing about it yet."""
+        off = self._job_off(slot, entry) + _JOB.size
+        hb_id, hb_attempt, deadline, code, lost_at = _HB.unpack_from(self.buf, off)
+        if (hb_id, hb_attempt) != (job_id, attempt):
+            return None
+        # Re-read the identity: a write in progress changes it first... last.
+        if struct.unpack_from("<qq", self.buf, off) != (job_id, attempt):
+            return None
+        return deadline, (REASONS[code] or None), lost_at

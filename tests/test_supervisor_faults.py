@@ -1,0 +1,665 @@
+"""Faults under the supervisor: real ``pgfence run`` processes, real signals,
+real PostgreSQL.
+
+A worker child stopped (SIGSTOP) or killed (SIGKILL) in the middle of a job,
+the heartbeat manager killed, the arbiter told to stop (TERM, a second TERM,
+INT), to grow or shrink (TTIN, TTOU) or to reload (HUP) while jobs run, and
+jobs whose lease is lost (cancelled, timed out) in handlers that never look at
+their lease.  Every test checks the rows in the database: each job ends in
+its exact state, with its exact attempt and reclaim counts, and with exactly
+one effect row or none.
+
+The worker children are found as the children of the arbiter
+(``/proc/PID/task/PID/children``) and told apart by their process titles
+(``pgfence worker 3 effect job 42 attempt 2``, ``pgfence heartbeat [7
+leases]``).  A worker's ``locked_by`` is ``host:pid:wN``, so a job row names
+the child that holds it.
+
+The ``stubborn`` handlers ignore their lease: they write their effect first,
+inside their fenced transaction, then work there without ever calling
+``job.check()``.  Only the fence (or a kill) can keep such a stale attempt's
+write out.  The arbiter imports them from a module written to the test's tmp
+folder, so the test process's own registry never holds them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgtools import env_for, job_row, pgfence, scalar, spawn, wait_for
+from supervisor import enqueue
+
+HANDLERS_MODULE = "pgfence_fault_handlers"
+HANDLERS_SOURCE = '''\
+import os
+import time
+
+from supervisor import handler
+from supervisor.queries import q
+
+
+def stubborn(job):
+    """Writes its effect in its fenced transaction, then works there for
+    payload.seconds without ever looking at its lease."""
+    seconds = float(job.payload.get("seconds", 0))
+    with job.fenced() as conn:
+        conn.execute(q("insert_effect"), {"job_id": job.id, "attempt": job.attempt,
+                                          "key": job.idempotency_key, "worker": str(os.getpid())})
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+handler("stubborn")(stubborn)
+handler("stubborn_timeout", timeout=1)(stubborn)
+'''
+
+WORKER_TITLE = re.compile(r"^pgfence worker (\d+) (idle|(\S+) job (\d+) attempt (\d+))$")
+
+
+# -- processes ------------------------------------------------------------------
+
+
+def title(pid: int) -> str | None:
+    """The process title of ``pid`` (its cmdline), or None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name, or None."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` (R, S, T, Z...), or None if it is gone."""
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
+def started(pid: int) -> int | None:
+    """The start time of ``pid`` (clock ticks after boot): with the pid, it
+    names one process, even once the pid is reused."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
+
+
+class Supervisor:
+    """One ``pgfence run`` process, its log in a file; cleaned up by the
+    fixture, children included."""
+
+    def __init__(self, dsn: str, tmp_path: Path, label: str, args: list[str]):
+        self.label = label
+        self.log_path = tmp_path / f"{label}.log"
+        environ = env_for(dsn)
+        environ["PYTHONPATH"] = os.pathsep.join([str(tmp_path), environ["PYTHONPATH"]])
+        with open(self.log_path, "w") as log:
+            self.proc = spawn("run", *args, env=environ, stdout=log, stderr=subprocess.STDOUT)
+        self.pid = self.proc.pid
+        #: Every child ever seen (pid -> start time), for the final check
+        #: that none is left.
+        self.seen: dict[int, int] = {}
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def children(self) -> dict[int, str]:
+        """pid -> title of the arbiter's live children."""
+        try:
+            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
+        except OSError:
+            return {}
+        out = {}
+        for pid in map(int, text.split()):
+            name, start = title(pid), started(pid)
+            if name is not None and start is not None and state(pid) not in ("Z", "X"):
+                out[pid] = name
+                self.seen.setdefault(pid, start)
+        return out
+
+    def alive(self, pid: int) -> bool:
+        """True while the child ``pid`` seen before runs (not a zombie, and
+        not another process that got its pid)."""
+        return (pid in self.seen and started(pid) == self.seen[pid]
+                and state(pid) not in (None, "Z", "X"))
+
+    def workers(self) -> dict[int, str]:
+        return {p: t for p, t in self.children().items() if t.startswith("pgfence worker ")}
+
+    def heartbeat(self) -> int | None:
+        pids = [p for p, t in self.children().items() if t.startswith("pgfence heartbeat")]
+        assert len(pids) <= 1, self.children()
+        return pids[0] if pids else None
+
+    def title(self) -> str:
+        return title(self.pid) or ""
+
+    def wait(self, condition: Callable[[], Any], timeout: float, message: str) -> Any:
+        """wait_for, with the supervisor's log in the failure."""
+        try:
+            return wait_for(condition, timeout=timeout, message=message)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- {self.label} log ---\n{self.log()}") from None
+
+    def wait_workers(self, n: int, timeout: float = 20) -> dict[int, str]:
+        """Wait for exactly ``n`` worker children and a heartbeat manager."""
+        return self.wait(lambda: len(w := self.workers()) == n and self.heartbeat() and w,
+                         timeout, f"{n} worker children and a heartbeat manager")
+
+    def signal(self, sig: signal.Signals) -> None:
+        os.kill(self.pid, sig)
+
+    def wait_exit(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.label} still running after {timeout}s:\n{self.log()}") from None
+
+    def cleanup(self) -> list[int]:
+        """Kill the arbiter and every child; return the pids still alive."""
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGSTOP)      # it forks no more
+            self.children()
+            os.kill(self.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        for pid in self.seen:
+            if self.alive(pid):
+                os.kill(pid, signal.SIGCONT)       # a stopped process dies only once resumed
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(self.alive(p) for p in self.seen) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return [p for p in self.seen if self.alive(p)]
+
+
+@pytest.fixture
+def supervisors(dsn, tmp_path):
+    """Start ``pgfence run`` on the test's database with the stubborn
+    handlers; every arbiter and child is killed afterwards, and none may be
+    left."""
+    (tmp_path / f"{HANDLERS_MODULE}.py").write_text(HANDLERS_SOURCE)
+    made: list[Supervisor] = []
+
+    def start(label: str = "run", **options: Any) -> Supervisor:
+        options = {"workers": 2, "lease": 30, "poll_interval": 0.2,
+                   "handlers": f"handlers.builtin,{HANDLERS_MODULE}", **options}
+        args = []
+        for name, value in options.items():
+            if value is not None:
+                args += [f"--{name.replace('_', '-')}", str(value)]
+        sup = Supervisor(dsn, tmp_path, f"{label}{len(made)}", args)
+        made.append(sup)
+        return sup
+
+    try:
+        yield start
+    finally:
+        left = [pid for sup in made for pid in sup.cleanup()]
+        assert not left, f"processes left behind: {left}"
+
+
+# -- the database ---------------------------------------------------------------
+
+
+def pid_of(locked_by: str | None) -> int | None:
+    """The pid in a supervised worker's name ``host:pid:wN``."""
+    return int(locked_by.split(":")[-2]) if locked_by else None
+
+
+def holder(conn, job_id: int) -> tuple[int, int] | None:
+    """(attempt, pid of the child) while the job runs, else None."""
+    row = job_row(conn, job_id)
+    return (row["attempt"], pid_of(row["locked_by"])) if row["status"] == "running" else None
+
+
+def summary(conn, job_id: int) -> tuple:
+    row = job_row(conn, job_id)
+    return row["status"], row["attempt"], row["reclaims"], row["locked_by"]
+
+
+def effects(conn) -> list[tuple[int, int, str]]:
+    return [tuple(r) for r in conn.execute("SELECT job_id, attempt, worker FROM pgfence.effects ORDER BY id")]
+
+
+def db_now(conn) -> dt.datetime:
+    return scalar(conn, "SELECT clock_timestamp()")
+
+
+def session_state(conn, pid: int) -> str | None:
+    """State of the database session of the child ``pid`` (its
+    application_name is ``pgfence worker host:pid:wN``, maybe truncated)."""
+    rows = conn.execute(
+        "SELECT a.state FROM pg_stat_activity a JOIN pgfence.jobs j"
+        "  ON a.application_name = left('pgfence worker ' || j.locked_by, 63)"
+        " WHERE a.datname = current_database() AND j.locked_by LIKE %s", (f"%:{pid}:w%",)).fetchall()
+    return rows[0][0] if len(rows) == 1 else None
+
+
+def counts(conn) -> dict[str, int]:
+    return dict(conn.execute("SELECT status, count(*)::int FROM pgfence.jobs GROUP BY status").fetchall())
+
+
+def worker_number(name: str) -> int:
+    return int(WORKER_TITLE.match(name).group(1))
+
+
+# -- 1. a child stopped mid-job ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["effect", "stubborn"])
+def test_sigstopped_child_gets_no_renewals_and_cannot_commit(dsn, conn, supervisors, kind):
+    """A child is stopped mid-job: the heartbeat stops renewing its lease,
+    the other child reclaims the job (attempt 2) and completes it.  Resumed,
+    the stopped child writes nothing: the effect handler checks its lease and
+    gives up; the stubborn one, already inside its fenced transaction with its
+    effect written, reaches the fence and is rolled back."""
+    sup = supervisors(lease=1.5, lost_lease_kill_after=10)
+    sup.wait_workers(2)
+    seconds = 3.0 if kind == "effect" else 2.0
+    job_id = enqueue(conn, kind, {"seconds": seconds})
+    attempt, p = sup.wait(lambda: holder(conn, job_id), 20, "the first claim")
+    assert attempt == 1
+    assert WORKER_TITLE.match(sup.workers()[p]).group(3, 4, 5) == (kind, str(job_id), "1")
+    # While the child runs, its lease is renewed.
+    first_until = job_row(conn, job_id)["lease_until"]
+    sup.wait(lambda: job_row(conn, job_id)["lease_until"] > first_until, 1.4, "a renewal of the running job")
+    if kind == "stubborn":
+        sup.wait(lambda: session_state(conn, p) == "idle in transaction", 5,
+                 "the child inside its fenced transaction")
+
+    os.kill(p, signal.SIGSTOP)
+    stopped_at = db_now(conn)
+    untils = []
+
+    def reclaimed() -> dict | None:
+        row = job_row(conn, job_id)
+        if (row["status"], row["attempt"]) == ("running", 1):
+            untils.append(row["lease_until"])
+            return None
+        return row
+
+    row = sup.wait(reclaimed, 15, "the reclaim by the other child")
+    q = pid_of(row["locked_by"])
+    assert (row["status"], row["attempt"], row["reclaims"]) == ("running", 2, 1)
+    assert q != p and q in sup.workers()
+    assert state(p) == "T" and p in sup.workers()          # still stopped, not killed
+    # lease_until stopped advancing: at most one renewal while the child's
+    # tick was still fresh (liveness 1 s after its last tick), none after.
+    assert untils and max(untils) <= stopped_at + dt.timedelta(seconds=1.0 + 1.5 + 0.5), (stopped_at, untils)
+
+    os.kill(p, signal.SIGCONT)
+    # The resumed child drops the job without a write and goes back to idle.
+    sup.wait(lambda: sup.workers().get(p, "").endswith(" idle"), 10, "the resumed child idle again")
+    sup.wait(lambda: job_row(conn, job_id)["status"] == "done", 10, "the reclaimer's completion")
+    assert summary(conn, job_id) == ("done", 2, 1, None)
+    assert effects(conn) == [(job_id, 2, str(q))]
+    log = sup.log()
+    if kind == "effect":
+        assert re.search(rf"job {job_id} attempt 1 lost its lease \((renewal_failed|renewal_rejected)\)", log), log
+    else:
+        assert f"job {job_id} attempt 1 lost its lease (fence_rejected)" in log, log
+    # Not killed: it left the job on its own, well within lost-lease-kill-after.
+    assert set(sup.workers()) == {p, q}
+    assert "killing it" not in log
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
+
+
+# -- 2. a child killed mid-job ----------------------------------------------------------
+
+
+def test_sigkilled_child_job_is_released_at_once_and_completed_by_another(dsn, conn, supervisors):
+    """A child is killed mid-job under a 30 s lease: its job is released at
+    once (counted as a reclaim), run again by another child as attempt 2, and
+    the arbiter starts a new child in its place."""
+    sup = supervisors(lease=30)
+    before = sup.wait_workers(2)
+    job_id = enqueue(conn, "effect", {"seconds": 3})
+    attempt, p = sup.wait(lambda: holder(conn, job_id), 20, "the first claim")
+    assert attempt == 1 and p in before
+    lease_left = scalar(conn, "SELECT extract(epoch FROM lease_until - clock_timestamp())::float8"
+                              " FROM pgfence.jobs WHERE id = %s", (job_id,))
+    assert lease_left > 25
+
+    os.kill(p, signal.SIGKILL)
+    killed = time.monotonic()
+    # Back in the queue (or already reclaimed) within seconds, not 30.
+    sup.wait(lambda: holder(conn, job_id) is None or holder(conn, job_id)[0] == 2, 5,
+             "the dead child's job released")
+    attempt, q = sup.wait(lambda: (h := holder(conn, job_id)) and h[0] == 2 and h, 5, "the job run again")
+    assert time.monotonic() - killed < 5
+    assert q != p
+    sup.wait(lambda: job_row(conn, job_id)["status"] == "done", 10, "the second attempt's completion")
+    row = job_row(conn, job_id)
+    assert (row["status"], row["attempt"], row["reclaims"], row["locked_by"], row["last_error"]) == (
+        "done", 2, 1, None, "worker died")
+    assert effects(conn) == [(job_id, 2, str(q))]
+
+    after = sup.wait_workers(2)
+    assert p not in after and not sup.alive(p)
+    new = set(after) - set(before)
+    assert len(new) == 1 and q in after
+    assert re.search(rf"worker \d+ \(pid {p}\) killed by SIGKILL holding 1 job\(s\): releasing them", sup.log())
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
+
+
+# -- 3. the heartbeat manager killed ---------------------------------------------------------
+
+
+def test_killed_heartbeat_manager_is_restarted_and_no_live_lease_runs_out(dsn, conn, supervisors):
+    """The heartbeat manager is killed while two jobs longer than the lease
+    run, after they have outlived their first lease: the arbiter starts a new
+    one, which keeps renewing; no job is lost or reclaimed."""
+    sup = supervisors(lease=2)
+    sup.wait_workers(2)
+    ids = [enqueue(conn, "effect", {"seconds": 5}) for _ in range(2)]
+    holders = sup.wait(lambda: all(h := [holder(conn, i) for i in ids]) and h, 20, "both jobs running")
+    assert [a for a, _ in holders] == [1, 1] and len({p for _, p in holders}) == 2
+    # Both have run longer than one lease (renewed meanwhile).
+    sup.wait(lambda: scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'running'"
+                                  " AND clock_timestamp() - started_at > interval '2.3 seconds'") == 2,
+             10, "both jobs past their first lease")
+    old = sup.heartbeat()
+    assert old is not None
+    os.kill(old, signal.SIGKILL)
+    killed = time.monotonic()
+    expired: list = []
+
+    def new_heartbeat() -> int | None:
+        expired.extend(conn.execute("SELECT id FROM pgfence.jobs WHERE status = 'running'"
+                                    " AND lease_until < clock_timestamp()").fetchall())
+        pid = sup.heartbeat()
+        return pid if pid not in (None, old) else None
+
+    new = sup.wait(new_heartbeat, 5, "a new heartbeat manager")
+    assert time.monotonic() - killed < 3
+    assert title(new).startswith("pgfence heartbeat [")
+
+    def all_done() -> bool:
+        expired.extend(conn.execute("SELECT id FROM pgfence.jobs WHERE status = 'running'"
+                                    " AND lease_until < clock_timestamp()").fetchall())
+        return all(job_row(conn, i)["status"] == "done" for i in ids)
+
+    sup.wait(all_done, 15, "both jobs done")
+    assert expired == []
+    assert [summary(conn, i) for i in ids] == [("done", 1, 0, None)] * 2
+    assert sorted(effects(conn)) == sorted((i, 1, str(p)) for i, (_, p) in zip(ids, holders))
+    log = sup.log()
+    assert "heartbeat manager killed by SIGKILL; restarting it" in log
+    assert "lost its lease" not in log and "lost {" not in log, log
+    assert sup.heartbeat() == new
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
+
+
+# -- 4. SIGTERM: the graceful drain -----------------------------------------------------------
+
+
+def test_sigterm_lets_running_jobs_finish_and_claims_nothing_new(dsn, conn, supervisors):
+    sup = supervisors(graceful_timeout=10)
+    children = sup.wait_workers(2)
+    running = [enqueue(conn, "effect", {"seconds": 2}) for _ in range(2)]
+    waiting = enqueue(conn, "effect", {"seconds": 2})
+    sup.wait(lambda: all(holder(conn, i) for i in running), 20, "two jobs running")
+    assert summary(conn, waiting) == ("queued", 0, 0, None)
+
+    sup.signal(signal.SIGTERM)
+    termed = time.monotonic()
+    assert sup.wait_exit(10) == 0
+    elapsed = time.monotonic() - termed
+    assert elapsed < 10, elapsed
+    assert [summary(conn, i) for i in running] == [("done", 1, 0, None)] * 2
+    assert summary(conn, waiting) == ("queued", 0, 0, None)
+    assert sorted(j for j, _, _ in effects(conn)) == sorted(running)
+    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'running'") == 0
+    assert not any(sup.alive(p) for p in children)
+    assert "SIGTERM: draining 2 workers" in sup.log()
+
+
+def test_sigterm_past_the_graceful_timeout_releases_the_jobs_for_another_run(dsn, conn, supervisors):
+    """Jobs longer than the graceful timeout: their children are killed at
+    the deadline and the jobs handed back (not a reclaim); a second
+    supervisor runs them to done as attempt 2."""
+    sup = supervisors(graceful_timeout=1)
+    children = sup.wait_workers(2)
+    ids = [enqueue(conn, "effect", {"seconds": 3}) for _ in range(2)]
+    sup.wait(lambda: all(holder(conn, i) for i in ids), 20, "both jobs running")
+
+    sup.signal(signal.SIGTERM)
+    termed = time.monotonic()
+    assert sup.wait_exit(10) == 0
+    elapsed = time.monotonic() - termed
+    assert 1.0 <= elapsed < 3, elapsed
+    assert [summary(conn, i) for i in ids] == [("queued", 1, 0, None)] * 2
+    assert effects(conn) == []
+    assert not any(sup.alive(p) for p in children)
+    assert "still busy at the drain deadline: killing it" in sup.log()
+
+    again = supervisors(label="again")
+    sup.wait(lambda: all(job_row(conn, i)["status"] == "done" for i in ids), 20, "the second run's completions")
+    assert [summary(conn, i) for i in ids] == [("done", 2, 0, None)] * 2
+    rows = effects(conn)
+    assert sorted((j, a) for j, a, _ in rows) == [(i, 2) for i in sorted(ids)]
+    assert {int(w) for _, _, w in rows} <= set(again.workers())
+    again.signal(signal.SIGTERM)
+    assert again.wait_exit(10) == 0
+
+
+def test_second_sigterm_cuts_the_drain_short(dsn, conn, supervisors):
+    sup = supervisors(graceful_timeout=30)
+    children = sup.wait_workers(2)
+    ids = [enqueue(conn, "effect", {"seconds": 8}) for _ in range(2)]
+    sup.wait(lambda: all(holder(conn, i) for i in ids), 20, "both jobs running")
+    sup.signal(signal.SIGTERM)
+    termed = time.monotonic()
+    sup.wait(lambda: sup.title().endswith("graceful stop"), 5, "the arbiter draining")
+    assert sup.proc.poll() is None and all(sup.alive(p) for p in children)
+    assert [holder(conn, i)[0] for i in ids] == [1, 1]
+
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(5) == 0
+    assert time.monotonic() - termed < 4
+    assert [summary(conn, i) for i in ids] == [("queued", 1, 0, None)] * 2
+    assert effects(conn) == []
+    assert not any(sup.alive(p) for p in children)
+    assert "second stop signal: not waiting for the drain" in sup.log()
+
+
+# -- 5. SIGINT: the fast stop ---------------------------------------------------------------
+
+
+def test_sigint_kills_the_children_and_releases_their_jobs(dsn, conn, supervisors):
+    sup = supervisors(graceful_timeout=30)
+    children = sup.wait_workers(2)
+    ids = [enqueue(conn, "effect", {"seconds": 8}) for _ in range(2)]
+    sup.wait(lambda: all(holder(conn, i) for i in ids), 20, "both jobs running")
+    sup.signal(signal.SIGINT)
+    stopped = time.monotonic()
+    assert sup.wait_exit(5) == 0
+    assert time.monotonic() - stopped < 3
+    assert [summary(conn, i) for i in ids] == [("queued", 1, 0, None)] * 2
+    assert effects(conn) == []
+    assert not any(sup.alive(p) for p in children)
+    log = sup.log()
+    assert "fast stop: killing 2 workers and releasing their jobs" in log
+    assert len(re.findall(r"killed by SIGKILL holding 1 job\(s\): releasing them", log)) == 2, log
+
+
+# -- 6. TTIN, TTOU and HUP ---------------------------------------------------------------------
+
+
+def test_ttin_and_ttou_add_and_retire_a_worker(dsn, conn, supervisors):
+    sup = supervisors(workers=2)
+    two = sup.wait_workers(2)
+    hb = sup.heartbeat()
+    sup.signal(signal.SIGTTIN)
+    three = sup.wait_workers(3)
+    assert set(two) < set(three)
+    assert sup.title().startswith("pgfence arbiter [3 workers]")
+    sup.signal(signal.SIGTTOU)
+    back = sup.wait_workers(2)
+    # The oldest child is retired; the other original and the new one stay.
+    oldest = min(two, key=lambda p: worker_number(two[p]))
+    assert set(back) == set(three) - {oldest}
+    sup.wait(lambda: not sup.alive(oldest), 5, "the retired child gone")
+    assert sup.heartbeat() == hb
+    # The two left still work.
+    job_id = enqueue(conn, "effect", {"seconds": 0})
+    sup.wait(lambda: job_row(conn, job_id)["status"] == "done", 10, "a job done after the resize")
+    assert summary(conn, job_id) == ("done", 1, 0, None)
+    assert len(effects(conn)) == 1 and int(effects(conn)[0][2]) in back
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
+
+
+def test_sigterm_a_moment_after_a_fork_still_stops_the_new_child(dsn, conn, supervisors):
+    """TTIN, then TERM as soon as the new child exists, before it has set its
+    own signal handlers: the TERM the arbiter passes on must not be lost in
+    the child (it was: the drain then waited the whole graceful timeout and
+    killed the child)."""
+    sup = supervisors(workers=1, graceful_timeout=20)
+    one = sup.wait_workers(1)
+    before = set(sup.children())
+    sup.signal(signal.SIGTTIN)
+    deadline = time.monotonic() + 10
+    while not set(sup.children()) - before:     # busy: the window is a few ms
+        assert time.monotonic() < deadline, sup.log()
+    sup.signal(signal.SIGTERM)
+    termed = time.monotonic()
+    assert sup.wait_exit(10) == 0
+    assert time.monotonic() - termed < 3
+    log = sup.log()
+    assert "still busy at the drain deadline" not in log
+    assert len(re.findall(r"worker \d+ \(pid \d+\) exited with status 0", log)) == 2, log
+    assert not any(sup.alive(p) for p in [*sup.seen, *one])
+
+
+def test_sighup_swaps_the_children_without_losing_or_doubling_a_job(dsn, conn, supervisors):
+    """SIGHUP while one job longer than the lease runs and a stream of short
+    jobs flows: new children take over, the old ones finish what they hold
+    (the long job's lease still renewed), and every job is done exactly once."""
+    sup = supervisors(workers=2, lease=1.5)
+    old = sup.wait_workers(2)
+    long_id = enqueue(conn, "effect", {"seconds": 4})
+    _, long_pid = sup.wait(lambda: holder(conn, long_id), 20, "the long job running")
+    sup.wait(lambda: scalar(conn, "SELECT clock_timestamp() - started_at > interval '1.8 seconds'"
+                                  " FROM pgfence.jobs WHERE id = %s", (long_id,)), 10, "the long job past its first lease")
+    ids = [enqueue(conn, "effect", {"seconds": 0.05}) for _ in range(50)]
+    sup.wait(lambda: counts(conn).get("done", 0) >= 5, 20, "the stream flowing")
+    sup.signal(signal.SIGHUP)
+    assert counts(conn).get("done", 0) < 50          # the HUP came mid-stream
+    assert holder(conn, long_id) == (1, long_pid)
+    for _ in range(5):
+        done = counts(conn).get("done", 0)
+        ids += [enqueue(conn, "effect", {"seconds": 0.05}) for _ in range(10)]
+        target = min(done + 5, len(ids))
+        sup.wait(lambda target=target: counts(conn).get("done", 0) >= target, 20, "the stream flowing")
+    new = sup.wait(lambda: len(w := sup.workers()) == 2 and not set(w) & set(old) and w,
+                   20, "two new children and none of the old")
+    sup.wait(lambda: counts(conn) == {"done": 101}, 30, "all 101 jobs done")
+    assert not any(sup.alive(p) for p in old)
+
+    rows = conn.execute("SELECT id, status, attempt, reclaims FROM pgfence.jobs ORDER BY id").fetchall()
+    assert rows == [(i, "done", 1, 0) for i in sorted([long_id, *ids])]
+    done = effects(conn)
+    assert sorted((j, a) for j, a, _ in done) == [(i, 1) for i in sorted([long_id, *ids])]
+    assert (long_id, 1, str(long_pid)) in done
+    by = {int(w) for j, _, w in done if j != long_id}
+    assert by & set(old) and by & set(new), (by, old, new)
+    assert by <= set(old) | set(new)
+    log = sup.log()
+    assert "SIGHUP: reloading handlers and settings" in log
+    assert "lost its lease" not in log, log
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
+
+
+# -- 7. a lost lease reaches a child that ignores it ---------------------------------------------
+
+
+def test_cancelled_job_of_a_stubborn_handler_gets_its_child_killed(dsn, conn, supervisors):
+    sup = supervisors(lease=30, heartbeat=0.5, lost_lease_kill_after=1)
+    before = sup.wait_workers(2)
+    job_id = enqueue(conn, "stubborn", {"seconds": 30})
+    attempt, p = sup.wait(lambda: holder(conn, job_id), 20, "the claim")
+    assert attempt == 1 and p in before
+    sup.wait(lambda: session_state(conn, p) == "idle in transaction", 5, "the child inside its fenced transaction")
+
+    result = pgfence("cancel", str(job_id), dsn=dsn)
+    assert (result.returncode, result.stdout) == (0, f"cancelled 1 job(s): {job_id}\n"), result.stderr
+    cancelled = time.monotonic()
+    sup.wait(lambda: not sup.alive(p), 10, "the child killed")
+    elapsed = time.monotonic() - cancelled
+    assert 1.0 <= elapsed < 5, elapsed
+    after = sup.wait_workers(2)
+    assert p not in after and len(set(after) - set(before)) == 1
+    row = job_row(conn, job_id)
+    assert (row["status"], row["attempt"], row["reclaims"], row["locked_by"], row["last_error"]) == (
+        "cancelled", 1, 0, None, "cancelled by an operator")
+    assert effects(conn) == []
+    log = sup.log()
+    assert re.search(rf"\(pid {p}\) still runs job {job_id} attempt 1 1s after its lease was lost "
+                     r"\(cancelled\): killing it", log), log
+    assert re.search(rf"\(pid {p}\) killed by SIGKILL", log), log
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
+    assert job_row(conn, job_id) == row
+
+
+def test_timed_out_stubborn_handler_is_killed_and_reported_as_an_error(dsn, conn, supervisors):
+    """A handler with timeout=1 that never looks at its lease: the heartbeat
+    stops renewing it at the timeout, the arbiter kills its child, and the
+    attempt is reported as an error: retried (queued) while attempts are left,
+    failed on the last one.  Its effect, written in its open transaction, is
+    rolled back."""
+    sup = supervisors(lease=30, heartbeat=0.5, lost_lease_kill_after=1)
+    children = sup.wait_workers(2)
+    last = enqueue(conn, "stubborn_timeout", {"seconds": 30}, max_attempts=1)
+    retried = enqueue(conn, "stubborn_timeout", {"seconds": 30}, max_attempts=2)
+    first = sup.wait(lambda: all(h := [holder(conn, i) for i in (last, retried)]) and h, 20, "both running")
+    pids = {p for _, p in first}
+    assert pids == set(children) and [a for a, _ in first] == [1, 1]
+
+    error = "timed out after 1s; worker killed"
+    sup.wait(lambda: job_row(conn, last)["status"] == "failed", 10, "the last attempt failed")
+    row = job_row(conn, last)
+    assert (row["status"], row["attempt"], row["reclaims"], row["locked_by"], row["last_error"]) == (
+        "failed", 1, 0, None, error)
+    sup.wait(lambda: job_row(conn, retried)["last_error"] is not None, 10, "the first attempt reported")
+    row = job_row(conn, retried)
+    assert (row["status"], row["attempt"], row["reclaims"], row["locked_by"], row["last_error"]) == (
+        "queued", 1, 0, None, error)
+    assert scalar(conn, "SELECT run_at > clock_timestamp() FROM pgfence.jobs WHERE id = %s", (retried,))
+    sup.wait(lambda: not any(sup.alive(p) for p in pids), 5, "both children killed")
+    assert not set(sup.wait_workers(2)) & pids
+
+    # Its second (and last) attempt ends the same way, failed.
+    sup.wait(lambda: job_row(conn, retried)["status"] == "failed", 15, "the retried job failed")
+    row = job_row(conn, retried)
+    assert (row["status"], row["attempt"], row["reclaims"], row["locked_by"], row["last_error"]) == (
+        "failed", 2, 0, None, error)
+    assert effects(conn) == []
+    log = sup.log()
+    kills = set(re.findall(r"\(pid (\d+)\) still runs job (\d+) attempt (\d+) 1s after its lease was lost "
+                           r"\(timeout\): killing it", log))
+    assert {(int(j), int(a)) for _, j, a in kills} == {(last, 1), (retried, 1), (retried, 2)}, log
+    assert len({p for p, _, _ in kills}) == 3
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
