@@ -3,30 +3,41 @@
 The handler API::
 
     from supervisor import handler, Job, LeaseLost
+
+The names are loaded on first use (PEP 562), so that ``pgfence run`` can set
+up Prometheus's multiprocess directory before any module imports
+prometheus_client.
 """
 
-from .errors import (
-    ConfigError,
-    DatabaseUnavailable,
-    LeaseLost,
-    PayloadRejected,
-    PgfenceError,
-    SchemaMissing,
-    UnknownHandler,
-)
-from .job import Job
-from .producer import enqueue
-from .registry import handler
+from __future__ import annotations
 
-__all__ = [
-    "ConfigError",
-    "DatabaseUnavailable",
-    "Job",
-    "LeaseLost",
-    "PayloadRejected",
-    "PgfenceError",
-    "SchemaMissing",
-    "UnknownHandler",
-    "enqueue",
-    "handler",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ConfigError": "errors",
+    "DatabaseUnavailable": "errors",
+    "LeaseLost": "errors",
+    "PayloadRejected": "errors",
+    "PgfenceError": "errors",
+    "SchemaMissing": "errors",
+    "UnknownHandler": "errors",
+    "Job": "job",
+    "enqueue": "producer",
+    "handler": "registry",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'supervisor' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

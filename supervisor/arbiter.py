@@ -24,13 +24,17 @@ import logging
 import os
 import select
 import signal
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import child, heartbeat_process, proctitle, registry
+from prometheus_client import multiprocess
+
+from . import child, heartbeat_process, metrics, metrics_server, proctitle, registry
+from .sdnotify import Notifier
 from .errors import ConfigError
 from .settings import Settings
 from .slots import ACTIVE, FREE, ORPHANED_CRASH, ORPHANED_STOP, SlotTable
@@ -69,7 +73,15 @@ class ArbiterStats:
 
 class Arbiter:
     def __init__(self, dsn: str, settings: Settings, *,
-                 reload_settings: Callable[[], Settings] | None = None):
+                 reload_settings: Callable[[], Settings] | None = None,
+                 metrics_sock: socket.socket | None = None):
+        #: Bound by the caller before any fork; served by the metrics child.
+        self.metrics_sock = metrics_sock
+        self.metrics_pid: int | None = None
+        self.notifier = Notifier()
+        self._ready_sent = False
+        self._stopping_sent = False
+        self._last_watchdog = 0.0
         self.dsn = dsn
         self.settings = settings
         self.reload_settings = reload_settings
@@ -209,6 +221,7 @@ class Arbiter:
         self.table.set_slot(slot, ACTIVE, 0, number)
         pid = self._fork()
         if pid == 0:
+            self._close_inherited()
             child.main(number, slot, self.table, self.dsn, self.settings, self.tick_interval)
         self.table.set_slot(slot, ACTIVE, pid, number)
         c = self.children[pid] = Child(pid, number, slot, time.monotonic())
@@ -216,18 +229,49 @@ class Arbiter:
         log.info("worker %d started (pid %d)", number, pid)
         return c
 
-    def spawn_heartbeat(self) -> None:
+    def _fork_service(self, name: str, main: Callable[[], int]) -> int:
+        """Fork a helper process (heartbeat manager, metrics server) that runs
+        ``main`` and leaves with ``os._exit``, never returning here."""
         pid = self._fork()
         if pid == 0:
             code = 1
             try:
                 signal.set_wakeup_fd(-1)
-                code = heartbeat_process.main(self.dsn, self.settings, self.table, self.liveness)
+                code = main()
             except BaseException as exc:  # noqa: BLE001 - must reach os._exit
-                log.error("heartbeat manager crashed: %s: %s", type(exc).__name__, exc)
+                log.error("%s crashed: %s: %s", name, type(exc).__name__, exc)
             finally:
                 logging.shutdown()
                 os._exit(code)
+        return pid
+
+    def _close_inherited(self, *, keep_metrics: bool = False) -> None:
+        """In a child: drop what only the arbiter (and the metrics server)
+        needs."""
+        if self.metrics_sock is not None and not keep_metrics:
+            self.metrics_sock.close()
+        self.notifier.close()
+        # Only the arbiter speaks to systemd (NotifyAccess=main).
+        for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+            os.environ.pop(name, None)
+
+    def spawn_metrics(self) -> None:
+        if self.metrics_sock is None:
+            return
+        def main() -> int:
+            self._close_inherited(keep_metrics=True)
+            return metrics_server.main(self.metrics_sock, self.dsn, self.table, self.liveness)
+
+        self.metrics_pid = self._fork_service("metrics server", main)
+        log.info("metrics server started (pid %d) on http://%s:%d/metrics", self.metrics_pid,
+                 *self.metrics_sock.getsockname()[:2])
+
+    def spawn_heartbeat(self) -> None:
+        def main() -> int:
+            self._close_inherited()
+            return heartbeat_process.main(self.dsn, self.settings, self.table, self.liveness)
+
+        pid = self._fork_service("heartbeat manager", main)
         self.heartbeat_pid = pid
         self._heartbeat_started = time.monotonic()
         log.info("heartbeat manager started (pid %d)", pid)
@@ -241,6 +285,13 @@ class Arbiter:
             if pid == 0:
                 return
             how = _describe(status)
+            # Its live gauges go with it; its counters stay in the sums.
+            multiprocess.mark_process_dead(pid)
+            if pid == self.metrics_pid:
+                self.metrics_pid = None
+                if not self._heartbeat_stopping:
+                    log.warning("metrics server %s; restarting it", how)
+                continue
             if pid == self.heartbeat_pid:
                 self.heartbeat_pid = None
                 if not self._heartbeat_stopping:
@@ -296,6 +347,7 @@ class Arbiter:
             return
         if not planned:
             self.stats.restarts += 1
+            metrics.WORKER_RESTARTS.inc()
             if not c.booted:
                 self._boot_failures += 1
                 if self._boot_failures >= MAX_BOOT_FAILURES:
@@ -367,6 +419,8 @@ class Arbiter:
     def manage_workers(self) -> None:
         if self._stopping:
             return
+        if self.metrics_pid is None and self.metrics_sock is not None:
+            self.spawn_metrics()
         self.check_heartbeat()
         if self.heartbeat_pid is None and time.monotonic() >= self._heartbeat_respawn_at:
             self.spawn_heartbeat()
@@ -388,9 +442,12 @@ class Arbiter:
     # -- the loop -----------------------------------------------------------------------
 
     def run(self) -> int:
+        metrics.initialise(self.settings.queues, registry.kinds())
         self._install_signals()
         proctitle.set(self._title())
+        self.table.set_arbiter(time.monotonic(), self.target)
         self.spawn_heartbeat()
+        self.spawn_metrics()
         self.manage_workers()
         proctitle.set(self._title())
         log.info("arbiter started: %d workers on queues %s", self.target, ",".join(self.settings.queues))
@@ -402,11 +459,40 @@ class Arbiter:
             self.reap_workers()
             self.murder_workers()
             self.manage_workers()
-            proctitle.set(self._title())
+            self._report()
             if self._stopping_done():
                 break
         self._finish()
         return self._exit_code
+
+    def _report(self) -> None:
+        """Tell the world how supervision goes: title, gauges, the liveness
+        tick read by /healthz, and systemd's notify protocol."""
+        now = time.monotonic()
+        active = len([c for c in self.children.values() if not c.retiring])
+        proctitle.set(self._title())
+        metrics.WORKERS.set(self.table.workers_up(self.liveness))
+        self.table.set_arbiter(now, self.target)
+        if self._stopping:
+            if not self._stopping_sent:
+                self._stopping_sent = True
+                # systemd waits this long for the drain before its own KILL.
+                extend = int((max(0.0, self._drain_deadline - now) + 15) * 1e6)
+                self.notifier.send("STOPPING=1", f"EXTEND_TIMEOUT_USEC={extend}",
+                                   f"STATUS=stopping ({self._stopping}), {active} workers")
+            return
+        up = self.table.workers_up(self.liveness)
+        if not self._ready_sent and up >= self.target:
+            self._ready_sent = True
+            self.notifier.send("READY=1", f"STATUS={up} workers up, queues {','.join(self.settings.queues)}")
+        # The watchdog is fed only while supervision is healthy: a live
+        # heartbeat manager that ticks, and workers not in a crash loop.
+        healthy = self.heartbeat_pid is not None and self._boot_failures == 0 and \
+            (self._heartbeat_started is None or now - self._heartbeat_started < self.heartbeat_stall
+             or now - self.table.header()[3] < self.heartbeat_stall)
+        if healthy and self._ready_sent and now - self._last_watchdog >= 1.0:
+            self._last_watchdog = now
+            self.notifier.send("WATCHDOG=1")
 
     def _finish(self) -> None:
         """All children are gone: let the heartbeat release what they held,
@@ -421,10 +507,12 @@ class Arbiter:
         if self._orphans_left():
             log.error("could not release every job of the stopped workers; their leases will expire")
         self._heartbeat_stopping = True
+        if self.metrics_pid:
+            _kill(self.metrics_pid, signal.SIGTERM)
         if self.heartbeat_pid:
             _kill(self.heartbeat_pid, signal.SIGTERM)
             end = time.monotonic() + 5
-            while self.heartbeat_pid and time.monotonic() < end:
+            while (self.heartbeat_pid or self.metrics_pid) and time.monotonic() < end:
                 self._sleep(0.05)
                 self.reap_workers()
             if self.heartbeat_pid:

@@ -12,12 +12,14 @@ import datetime as dt
 import json
 import logging
 import os
+import shutil
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, db, embedded, migrate, registry, retention, settings as settings_mod
+from . import admin, db, embedded, migrate, multiproc, registry, retention, settings as settings_mod
 from .errors import ConfigError, PgfenceError, SchemaMissing
 from .producer import enqueue
 
@@ -75,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graceful-timeout", help="seconds a SIGTERM drain waits for running jobs (default 30)")
     p.add_argument("--lost-lease-kill-after",
                    help="seconds a worker may keep running a job whose lease is lost before it is killed (default 5)")
+    p.add_argument("--metrics-host", help="address of /metrics, /healthz, /readyz (default 127.0.0.1)")
+    p.add_argument("--metrics-port", help="port of the metrics endpoint, 0 for none (default 9464)")
+    p.add_argument("--metrics-dir", help="directory for the processes' metric files (wiped at start)")
 
     p = sub.add_parser("enqueue", help="enqueue one job and print its id")
     _common(p)
@@ -144,7 +149,7 @@ def _connect(args: argparse.Namespace, *, auto_migrate: bool = True):
 def _worker_settings(args: argparse.Namespace) -> settings_mod.Settings:
     cli = {name: getattr(args, name, None) for name in
            ("queues", "lease", "heartbeat", "batch", "poll_interval", "timeout", "retention", "handlers",
-            "workers", "graceful_timeout", "lost_lease_kill_after")}
+            "workers", "graceful_timeout", "lost_lease_kill_after", "metrics_host", "metrics_port", "metrics_dir")}
     return settings_mod.load(cli, config_path=getattr(args, "config", None))
 
 
@@ -211,10 +216,27 @@ def cmd_work(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bind_metrics(settings: settings_mod.Settings) -> socket.socket | None:
+    """Bind the metrics endpoint's socket now, so a port in use is one clear
+    line at start, and the socket exists before any fork."""
+    if settings.metrics_port == 0:
+        return None
+    try:
+        sock = socket.create_server((settings.metrics_host, settings.metrics_port), reuse_port=False)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {settings.metrics_host}:{settings.metrics_port} "
+                          f"for metrics: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    settings = _worker_settings(args)
+    # Before anything imports prometheus_client (the handlers do, through
+    # supervisor.Job): every process of this run writes its metrics there.
+    metrics_dir = multiproc.prepare(settings.metrics_dir)
     from .arbiter import Arbiter
 
-    settings = _worker_settings(args)
     # Handlers are imported here, before the fork, so a module that fails to
     # import stops the arbiter with one line, and children share its pages.
     registry.load(settings.handlers)
@@ -225,10 +247,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SchemaMissing(f"pgfence schema is not up to date ({len(missing)} migration(s) pending): "
                             "run 'pgfence migrate'")
     # The connection above is closed: the arbiter holds none when it forks.
-    arbiter = Arbiter(dsn, settings, reload_settings=lambda: _worker_settings(args))
-    log.info("pgfence run: %d workers, queues %s, lease %gs, database %s", settings.workers,
-             ",".join(settings.queues), settings.lease, db.redact(dsn))
-    return arbiter.run()
+    sock = _bind_metrics(settings)
+    arbiter = Arbiter(dsn, settings, reload_settings=lambda: _worker_settings(args), metrics_sock=sock)
+    log.info("pgfence run: %d workers, queues %s, lease %gs, database %s, metrics files in %s", settings.workers,
+             ",".join(settings.queues), settings.lease, db.redact(dsn), metrics_dir)
+    try:
+        return arbiter.run()
+    finally:
+        if settings.metrics_dir is None and not os.environ.get("RUNTIME_DIRECTORY"):
+            shutil.rmtree(metrics_dir, ignore_errors=True)   # our own temp dir
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:

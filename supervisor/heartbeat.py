@@ -161,9 +161,14 @@ class HeartbeatManager:
                 if error:
                     row = conn.execute(q("fail_or_retry"), {"id": job_id, "attempt": attempt, "error": error,
                                                             "final": False, "backoff": 1.0}).fetchone()
+                    if row is not None:
+                        counter = metrics.JOBS_FAILED if row[0] == "failed" else metrics.JOBS_RETRIED
+                        counter.labels(row[1], row[2]).inc()
                 else:
                     row = conn.execute(q("release"), {"id": job_id, "attempt": attempt, "reclaim": reclaim,
                                                       "reason": "worker died" if reclaim else None}).fetchone()
+                    if row is not None:
+                        metrics.JOBS_RELEASED.labels(row[1], row[2]).inc()
                 done += row is not None
         return done
 

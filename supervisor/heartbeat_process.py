@@ -17,7 +17,7 @@ import select
 import signal
 import time
 
-from . import proctitle
+from . import metrics, proctitle
 from .heartbeat import HeartbeatManager
 from .lease import Lease
 from .settings import Settings
@@ -108,6 +108,7 @@ class HeartbeatProcess:
             log.warning("releasing jobs of dead workers failed: %s", exc)
         leases, keys = self.held_leases(now)
         result = self.manager.run_once(leases)
+        metrics.HEARTBEAT_LEASES.set(result.sent)
         for lease, (slot, entry, job_id, attempt) in zip(leases, keys):
             self.table.report(slot, entry, job_id, attempt, deadline=lease.deadline,
                               lost=lease.lost_reason, lost_at=lease.lost_at)

@@ -1,10 +1,13 @@
 """Every Prometheus metric pgfence records, defined in one module.
 
 Counters are incremented where things happen (the worker, the heartbeat
-manager); serving them from many processes is the supervisor's business.
+manager, the arbiter).  Under ``pgfence run`` each process writes them to
+the multiprocess directory (see :mod:`supervisor.multiproc`) and the metrics
+server sums them; gauges use "live" modes, so a dead process leaves no
+series behind.
 """
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 RECLAIMS = Counter(
     "pgfence_reclaims",
@@ -30,5 +33,32 @@ JOB_DURATION = Histogram("pgfence_job_duration_seconds", "Handler run time.", ["
 JOB_WAIT = Histogram("pgfence_job_wait_seconds", "From run_at to start.", ["queue", "kind"])
 HEARTBEAT_DURATION = Histogram("pgfence_heartbeat_duration_seconds", "Time of one batched renewal statement.")
 
+HEARTBEAT_LEASES = Gauge("pgfence_heartbeat_leases", "Leases in the last renewal statement.",
+                         multiprocess_mode="livesum")
+WORKERS = Gauge("pgfence_workers", "Live worker children.", multiprocess_mode="livesum")
+WORKER_RESTARTS = Counter("pgfence_worker_restarts", "Worker children respawned after an unplanned death.")
+QUEUE_JOBS = Gauge("pgfence_queue_jobs", "Jobs by queue and status, refreshed at an interval by one process.",
+                   ["queue", "status"], multiprocess_mode="livesum")
+QUEUE_OLDEST_AGE = Gauge("pgfence_queue_oldest_job_age_seconds",
+                         "Age of the oldest queued job whose run_at has come (0 if none).",
+                         ["queue"], multiprocess_mode="livemax")
+
 #: The reasons a lease is lost, as used in the ``reason`` label.
 LOST_REASONS = ("renewal_rejected", "renewal_failed", "timeout", "cancelled", "fence_rejected")
+
+
+def initialise(queues: list[str] | tuple[str, ...], kinds: list[str]) -> None:
+    """Create every per-job counter at 0 for the queues and kinds served.
+
+    A counter series that is born at 1 hides its first increment from
+    Prometheus's ``increase()``; born at 0, the first reclaim or rejected
+    completion shows on the dashboard and fires the alerts.
+    """
+    for queue in queues:
+        for kind in kinds:
+            for counter in (RECLAIMS, DOUBLE_RUN_PREVENTED, JOBS_CLAIMED, JOBS_COMPLETED, JOBS_RETRIED,
+                            JOBS_FAILED, JOBS_RELEASED):
+                counter.labels(queue, kind)
+            for reason in LOST_REASONS:
+                LEASE_LOST.labels(queue, kind, reason)
+    WORKER_RESTARTS.inc(0)

@@ -53,6 +53,11 @@ class Settings:
     graceful_timeout: float = 30.0
     #: Seconds a child may keep running a job whose lease is lost.
     lost_lease_kill_after: float = 5.0
+    #: Where ``pgfence run`` serves /metrics, /healthz and /readyz (port 0: nowhere).
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9464
+    #: Prometheus multiprocess files (default: $RUNTIME_DIRECTORY/metrics or a temp dir).
+    metrics_dir: str | None = None
     #: Renew leases and fence completions.  Only ``pgfence demo`` turns
     #: these off, to show what goes wrong without them.
     renew: bool = field(default=True, metadata={"hidden": True})
@@ -76,6 +81,10 @@ class Settings:
                 raise ConfigError(f"invalid {name}: must be a whole number of at least 1, got {value!r}")
         if self.heartbeat is not None and self.heartbeat >= self.lease:
             raise ConfigError(f"invalid heartbeat: {self.heartbeat}s must be shorter than the lease ({self.lease}s)")
+        if not (isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535):
+            raise ConfigError(f"invalid metrics-port: must be 0 to 65535, got {self.metrics_port!r}")
+        if not self.metrics_host:
+            raise ConfigError("invalid metrics-host: give a host name or address")
         if not self.queues or any(not q for q in self.queues):
             raise ConfigError("invalid queues: give one or more non-empty queue names")
 
@@ -103,6 +112,8 @@ def _convert(name: str, kind: Any, value: Any) -> Any:
             return None
         raise ConfigError(f"invalid {name}: a value is required")
     text = str(kind)
+    if text.startswith("str"):
+        return str(value)
     if "tuple" in text:
         if isinstance(value, list | tuple):
             return tuple(str(v).strip() for v in value if str(v).strip())

@@ -23,7 +23,12 @@ FREE, ACTIVE, ORPHANED_CRASH, ORPHANED_STOP = 0, 1, 2, 3
 REASONS = ("", "renewal_rejected", "renewal_failed", "timeout", "cancelled", "fence_rejected")
 REASON_CODE = {name: code for code, name in enumerate(REASONS)}
 
-_HEADER = struct.Struct("<8sqqqqqd")   # magic, nslots, njobs, rounds, statements, heartbeat pid, heartbeat tick
+# magic, nslots, njobs | heartbeat: rounds, statements, pid, tick | arbiter: tick, target workers
+_HEADER = struct.Struct("<8sqqqqqddq")
+_HB_HEAD = struct.Struct("<qqqd")
+_HB_HEAD_OFF = 24
+_ARB_HEAD = struct.Struct("<dq")
+_ARB_HEAD_OFF = 56
 _SLOT = struct.Struct("<qqqd")         # state, pid, worker number, tick
 # Child-written: job id, attempt, lease s, claimed_at, timeout (0: none).
 _JOB = struct.Struct("<qqddd")
@@ -57,7 +62,7 @@ class SlotTable:
         # An anonymous MAP_SHARED mapping: every process forked after this
         # line sees the same bytes.
         self.buf = mmap.mmap(-1, self.size, flags=mmap.MAP_SHARED)
-        _HEADER.pack_into(self.buf, 0, _MAGIC, nslots, njobs, 0, 0, 0, 0.0)
+        _HEADER.pack_into(self.buf, 0, _MAGIC, nslots, njobs, 0, 0, 0, 0.0, 0.0, 0)
 
     # -- offsets ---------------------------------------------------------------
 
@@ -75,11 +80,29 @@ class SlotTable:
 
     def header(self) -> tuple[int, int, int, float]:
         """(rounds, statements, heartbeat pid, heartbeat tick)."""
-        _m, _n, _j, rounds, statements, pid, tick = _HEADER.unpack_from(self.buf, 0)
-        return rounds, statements, pid, tick
+        return _HB_HEAD.unpack_from(self.buf, _HB_HEAD_OFF)
 
     def set_header(self, rounds: int, statements: int, pid: int, tick: float) -> None:
-        _HEADER.pack_into(self.buf, 0, _MAGIC, self.nslots, self.njobs, rounds, statements, pid, tick)
+        """Written by the heartbeat manager only."""
+        _HB_HEAD.pack_into(self.buf, _HB_HEAD_OFF, rounds, statements, pid, tick)
+
+    def arbiter(self) -> tuple[float, int]:
+        """(the arbiter loop's last tick, the number of workers it aims at)."""
+        return _ARB_HEAD.unpack_from(self.buf, _ARB_HEAD_OFF)
+
+    def set_arbiter(self, tick: float, target: int) -> None:
+        """Written by the arbiter only."""
+        _ARB_HEAD.pack_into(self.buf, _ARB_HEAD_OFF, tick, target)
+
+    def workers_up(self, liveness: float) -> int:
+        """Children that are up: connected, and ticked within ``liveness``."""
+        now = time.monotonic()
+        up = 0
+        for slot in range(self.nslots):
+            state, _pid, _number, tick = self.slot(slot)
+            if state == ACTIVE and tick > 0 and now - tick <= liveness:
+                up += 1
+        return up
 
     # -- slot (arbiter and child) -------------------------------------------------
 

@@ -132,3 +132,23 @@ def make_worker(dsn):
     yield make
     for worker in made:
         worker.close()
+
+
+@pytest.fixture
+def runs():
+    """Start `pgfence run` subprocesses with a metrics endpoint of their own
+    (metricstools.Run), ready when /readyz says so; all stopped afterwards."""
+    from metricstools import Run, http_get
+    from pgtools import wait_for
+
+    made = []
+
+    def start(dsn: str, *args: str, **kw):
+        run = Run(dsn, *args, **kw)
+        made.append(run)
+        wait_for(lambda: http_get(run.url("/readyz"))[0] == 200, timeout=30, message="/readyz 200")
+        return run
+
+    yield start
+    for run in made:
+        run.stop()

@@ -46,6 +46,9 @@ def env_for(dsn: str | None = None, **extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     if dsn:
         env["PGFENCE_DSN"] = dsn
+    # Runs in tests serve no metrics endpoint unless they ask for one, so that
+    # many can run at once without fighting over port 9464.
+    env["PGFENCE_METRICS_PORT"] = "0"
     env.update(extra)
     return env
 

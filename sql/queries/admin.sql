@@ -57,3 +57,12 @@ RETURNING id;
 -- name: get_job
 -- One job, every column.
 SELECT * FROM pgfence.jobs WHERE id = %(id)s;
+
+-- name: queue_gauges
+-- Jobs per queue and status, and per queue the age in seconds of the oldest
+-- queued job whose run_at has come; for the pgfence_queue_* gauges.
+SELECT queue, status, count(*)::bigint AS jobs,
+       coalesce(extract(epoch FROM now() - min(run_at) FILTER (
+           WHERE status = 'queued' AND run_at <= now())), 0)::float8 AS oldest_age
+  FROM pgfence.jobs
+ GROUP BY queue, status;

@@ -79,7 +79,7 @@ UPDATE pgfence.jobs
        locked_by   = NULL,
        lease_until = NULL
  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
-RETURNING status;
+RETURNING status, queue, kind;
 
 -- name: release
 -- Fenced release: hands a claimed job back to the queue at once, for a job
@@ -92,7 +92,7 @@ UPDATE pgfence.jobs
        reclaims    = reclaims + CASE WHEN %(reclaim)s THEN 1 ELSE 0 END,
        last_error  = coalesce(%(reason)s, last_error)
  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
-RETURNING id;
+RETURNING id, queue, kind;
 
 -- name: enqueue
 -- Enqueue one job through the SQL function, in the caller's transaction.
