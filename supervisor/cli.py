@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     # UNSAFE: no lease renewal, completion by id alone.  Only the demo (and the
     # tests that reproduce the double run) use it, so it is not in --help.
     p.add_argument("--unprotected", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-listen", dest="listen", action="store_const", const="false",
+                   help="poll instead of LISTEN/NOTIFY (for PgBouncer in transaction pooling)")
 
     p = sub.add_parser("run", help="the supervisor: an arbiter, N forked workers and a heartbeat manager")
     _common(p)
@@ -80,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-host", help="address of /metrics, /healthz, /readyz (default 127.0.0.1)")
     p.add_argument("--metrics-port", help="port of the metrics endpoint, 0 for none (default 9464)")
     p.add_argument("--metrics-dir", help="directory for the processes' metric files (wiped at start)")
+    p.add_argument("--no-listen", dest="listen", action="store_const", const="false",
+                   help="poll instead of LISTEN/NOTIFY (for PgBouncer in transaction pooling)")
+    # UNSAFE, for tests that show what the fence prevents: see `work`.
+    p.add_argument("--unprotected", action="store_true", help=argparse.SUPPRESS)
 
     p = sub.add_parser("enqueue", help="enqueue one job and print its id")
     _common(p)
@@ -149,7 +155,8 @@ def _connect(args: argparse.Namespace, *, auto_migrate: bool = True):
 def _worker_settings(args: argparse.Namespace) -> settings_mod.Settings:
     cli = {name: getattr(args, name, None) for name in
            ("queues", "lease", "heartbeat", "batch", "poll_interval", "timeout", "retention", "handlers",
-            "workers", "graceful_timeout", "lost_lease_kill_after", "metrics_host", "metrics_port", "metrics_dir")}
+            "workers", "graceful_timeout", "lost_lease_kill_after", "metrics_host", "metrics_port", "metrics_dir",
+            "listen")}
     return settings_mod.load(cli, config_path=getattr(args, "config", None))
 
 
@@ -232,6 +239,9 @@ def _bind_metrics(settings: settings_mod.Settings) -> socket.socket | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     settings = _worker_settings(args)
+    if args.unprotected:
+        settings = settings.replace(renew=False, fence=False)
+        log.warning("UNPROTECTED run: no lease renewal and no fence; a job may run twice")
     # Before anything imports prometheus_client (the handlers do, through
     # supervisor.Job): every process of this run writes its metrics there.
     metrics_dir = multiproc.prepare(settings.metrics_dir)

@@ -58,6 +58,9 @@ class Settings:
     metrics_port: int = 9464
     #: Prometheus multiprocess files (default: $RUNTIME_DIRECTORY/metrics or a temp dir).
     metrics_dir: str | None = None
+    #: Wake idle workers with LISTEN/NOTIFY; off behind a transaction-pooling
+    #: PgBouncer, where workers poll every poll_interval instead.
+    listen: bool = True
     #: Renew leases and fence completions.  Only ``pgfence demo`` turns
     #: these off, to show what goes wrong without them.
     renew: bool = field(default=True, metadata={"hidden": True})

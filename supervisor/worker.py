@@ -32,6 +32,10 @@ log = logging.getLogger("pgfence.worker")
 
 #: Outcomes returned by Worker.run_job, also what the tests assert.
 DONE, RETRIED, FAILED, LOST, RELEASED = "done", "retried", "failed", "lost", "released"
+#: A job run but not yet completed: its completion is batched with others.
+DEFERRED = "deferred"
+#: Seconds a finished job may wait for its batched completion.
+DEFER_MAX = 0.1
 
 
 def default_name() -> str:
@@ -80,11 +84,14 @@ class Worker:
         if self._conn is None or self._conn.closed:
             conn = db.connect(self.dsn, application_name=f"pgfence worker {self.name}")
             # Listen before the first claim, so that no enqueue can fall
-            # between a claim that found nothing and the LISTEN.
-            with db.translated(self.dsn):
-                conn.execute("LISTEN pgfence_jobs")
+            # between a claim that found nothing and the LISTEN.  Behind a
+            # transaction-pooling PgBouncer there is no session to listen
+            # on: the worker polls instead.
+            if self.settings.listen:
+                with db.translated(self.dsn):
+                    conn.execute("LISTEN pgfence_jobs")
             self._conn = conn
-            self._listening = True
+            self._listening = self.settings.listen
         return self._conn
 
     def connect_with_retry(self) -> bool:
@@ -159,23 +166,64 @@ class Worker:
 
     # -- run one job ----------------------------------------------------------
 
-    def run_job(self, job: Job) -> str:
-        """Run one claimed job to its end and return the outcome."""
+    def run_job(self, job: Job, deferred: list[Job] | None = None) -> str:
+        """Run one claimed job to its end and return the outcome.
+
+        With ``deferred``, a job whose handler wrote nothing through
+        ``fenced()`` is not completed here but appended to the list, still
+        holding its lease, for :meth:`complete_deferred` to complete with
+        others in one fenced statement.
+        """
         if self.on_job:
             self.on_job(job)
         started = time.monotonic()
+        outcome = None
         try:
-            outcome = self._run(job)
+            outcome = self._run(job, deferred)
         finally:
-            if self.heartbeat is not None:
+            if self.heartbeat is not None and outcome != DEFERRED:
                 self.heartbeat.untrack(job.lease)
             metrics.JOB_DURATION.labels(job.queue, job.kind).observe(time.monotonic() - started)
             if self.on_job:
                 self.on_job(None)
-        self.stats.add(outcome)
+        if outcome != DEFERRED:
+            self.stats.add(outcome)
         return outcome
 
-    def _run(self, job: Job) -> str:
+    def complete_deferred(self, jobs: list[Job]) -> int:
+        """Complete many jobs in ONE statement, each fenced by its own
+        ``(id, attempt)``; a job the fence refuses lost its lease like any
+        other.  Returns how many were completed."""
+        if not jobs:
+            return 0
+        params = {"ids": [j.id for j in jobs], "attempts": [j.attempt for j in jobs]}
+        unavailable = False
+        try:
+            with db.translated(self.dsn):
+                done = {row[0] for row in self.conn.execute(q("complete_many"), params)}
+        except DatabaseUnavailable as exc:
+            # Not known to be refused: the jobs stay running and are reclaimed
+            # when their leases run out.
+            log.warning("batched completion failed: %s", exc)
+            self._drop_connection()
+            done, unavailable = set(), True
+        for job in jobs:
+            if self.heartbeat is not None:
+                self.heartbeat.untrack(job.lease)
+            if job.id in done:
+                job.completed = True
+                metrics.JOBS_COMPLETED.labels(job.queue, job.kind).inc()
+                self.stats.add(DONE)
+            else:
+                if unavailable:
+                    job.lease.mark_lost("renewal_failed")
+                else:
+                    job._rejected()
+                self.stats.add(LOST)
+        jobs.clear()
+        return len(done)
+
+    def _run(self, job: Job, deferred: list[Job] | None = None) -> str:
         try:
             spec = registry.get(job.kind)
         except UnknownHandler as exc:
@@ -183,6 +231,9 @@ class Worker:
         try:
             spec.func(job)
             if not job.completed:
+                if deferred is not None and job.fence:
+                    deferred.append(job)
+                    return DEFERRED
                 with job.fenced():
                     pass
         except LeaseLost as exc:
@@ -268,15 +319,30 @@ class Worker:
         return self._stop.is_set()
 
     def run_once(self) -> int:
-        """Claim one batch and run it; return how many jobs were claimed."""
+        """Claim one batch and run it; return how many jobs were claimed.
+
+        In a batch, jobs whose handlers wrote nothing are completed together
+        in one fenced statement, at the end of the batch or, between jobs,
+        once the oldest has waited ``DEFER_MAX`` seconds.  Their leases stay
+        held (and renewed) until then, so the wait costs latency, never
+        safety; batches are for quick jobs.
+        """
         jobs = self.claim()
-        for index, job in enumerate(jobs):
-            if self.stopping:
-                for rest in jobs[index:]:
-                    if self.release(rest):
-                        self.stats.add(RELEASED)
-                break
-            self.run_job(job)
+        deferred: list[Job] = []
+        oldest = 0.0
+        try:
+            for index, job in enumerate(jobs):
+                if self.stopping:
+                    for rest in jobs[index:]:
+                        if self.release(rest):
+                            self.stats.add(RELEASED)
+                    break
+                if self.run_job(job, deferred if len(jobs) > 1 else None) == DEFERRED and len(deferred) == 1:
+                    oldest = time.monotonic()
+                if deferred and time.monotonic() - oldest >= DEFER_MAX:
+                    self.complete_deferred(deferred)
+        finally:
+            self.complete_deferred(deferred)
         return len(jobs)
 
     def run(self, *, burst: bool = False, max_jobs: int | None = None) -> Stats:
@@ -305,6 +371,9 @@ class Worker:
 
     def _wait_for_work(self) -> None:
         """Sleep until a NOTIFY from an enqueue, the poll interval, or a stop."""
+        if not self.settings.listen:
+            self._stop.wait(self.settings.poll_interval)
+            return
         try:
             conn = self.conn
             if not self._listening:

@@ -37,13 +37,20 @@ SERVER_DSN = os.environ.get("PGFENCE_TEST_DSN", "postgresql://postgres@127.0.0.1
 
 
 @pytest.fixture(scope="session")
-def embedded_admin_dsn(tmp_path_factory):
+def embedded_admin_dsn():
+    import shutil
+    import tempfile
+
     from supervisor import embedded
 
-    pgdata = tmp_path_factory.mktemp("embedded") / "pgdata"
+    # Not under pytest's basetemp: concurrent pytest runs prune each other's
+    # old basetemps, and a live server's data must not go with them.
+    home = Path(tempfile.mkdtemp(prefix="pgfence-embedded-"))
+    pgdata = home / "pgdata"
     dsn = embedded.start(pgdata)
     yield dsn
     embedded.stop(pgdata)
+    shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
