@@ -334,7 +334,10 @@ class Arbiter:
         log.log(level, "worker %d (pid %d) %s%s", c.number, c.pid, how,
                 f" holding {len(held)} job(s): releasing them" if held else "")
         self.stats.exits.append(how)
-        if held:
+        # A child that was up and did not exit cleanly may also hold a claim
+        # it had no time to publish: the heartbeat manager looks for those by
+        # name.  One that never came up (never ticked) never claimed.
+        if held or (c.booted and os.waitstatus_to_exitcode(status) != 0):
             stop_kill = c.killed_for_stop or self._stopping is not None
             self.table.set_state(c.slot, ORPHANED_STOP if stop_kill else ORPHANED_CRASH)
             self._wake_heartbeat()
@@ -499,6 +502,8 @@ class Arbiter:
         then stop it."""
         deadline = time.monotonic() + 10
         while self._orphans_left() and time.monotonic() < deadline:
+            if self._heartbeat_failures >= MAX_BOOT_FAILURES:
+                break   # it cannot start: the leases will run out instead
             if self.heartbeat_pid is None and time.monotonic() >= self._heartbeat_respawn_at:
                 self.spawn_heartbeat()
             self._wake_heartbeat()

@@ -36,6 +36,11 @@ BOOT_ERROR = 3
 STARTUP_BLOCKED = frozenset({signal.SIGTERM, signal.SIGUSR1})
 
 
+def worker_name(pid: int, number: int) -> str:
+    """A child's name in ``locked_by``: unique to this process on this host."""
+    return f"{socket.gethostname()}:{pid}:w{number}"
+
+
 class SlotLeases:
     """What the worker tracks, published in its slot instead of renewed here."""
 
@@ -123,7 +128,7 @@ def _run(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
         else:
             proctitle.set(f"pgfence worker {number} {job.kind} job {job.id} attempt {job.attempt}")
 
-    worker = Worker(dsn, settings, name=f"{socket.gethostname()}:{os.getpid()}:w{number}",
+    worker = Worker(dsn, settings, name=worker_name(os.getpid(), number),
                     heartbeat=leases, on_job=title)
     # Signal handlers only record: the loop stops claiming and the running
     # job finishes first.

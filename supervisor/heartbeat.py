@@ -172,6 +172,12 @@ class HeartbeatManager:
                 done += row is not None
         return done
 
+    def owned(self, owner: str) -> list[tuple[int, int]]:
+        """(id, attempt) of the running jobs claimed under ``owner``."""
+        self._open()
+        with self._pool.connection() as conn:
+            return [tuple(r) for r in conn.execute(q("owned_running"), {"owner": owner})]
+
     @contextlib.contextmanager
     def _expiring(self, leases: list[Lease], result: RenewResult) -> Iterator[None]:
         """While the block runs, mark each lease lost at its deadline.

@@ -20,6 +20,7 @@ import time
 from . import metrics, proctitle
 from .heartbeat import HeartbeatManager
 from .lease import Lease
+from .child import worker_name
 from .settings import Settings
 from .slots import ACTIVE, FREE, ORPHANED_CRASH, ORPHANED_STOP, SlotTable
 
@@ -85,11 +86,19 @@ class HeartbeatProcess:
             if state not in (ORPHANED_CRASH, ORPHANED_STOP):
                 continue
             slots.append(slot)
+            known = set()
             for held in self.table.held(slot):
                 lease = self._leases.get((slot, held.entry, held.job_id, held.attempt))
                 timed_out = lease is not None and lease.lost_reason == "timeout"
                 items.append((held.job_id, held.attempt, state == ORPHANED_CRASH and not timed_out,
                               f"timed out after {held.timeout:g}s; worker killed" if timed_out else None))
+                known.add(held.job_id)
+            # A child can die between its claim's commit and publishing it:
+            # those jobs are found by its name, then released by (id, attempt).
+            _state, pid, number, _tick = self.table.slot(slot)
+            for job_id, attempt in self.manager.owned(worker_name(pid, number)):
+                if job_id not in known:
+                    items.append((job_id, attempt, state == ORPHANED_CRASH, None))
         if not slots:
             return 0
         released = self.manager.release(items) if items else 0

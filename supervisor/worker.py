@@ -332,7 +332,8 @@ class Worker:
         oldest = 0.0
         try:
             for index, job in enumerate(jobs):
-                if self.stopping:
+                # Asked to stop: the job in hand runs, the rest go back.
+                if self.stopping and index > 0:
                     for rest in jobs[index:]:
                         if self.release(rest):
                             self.stats.add(RELEASED)

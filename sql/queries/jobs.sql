@@ -113,3 +113,10 @@ UPDATE pgfence.jobs
    SET status = 'done', finished_at = now(), locked_by = NULL, lease_until = NULL
  WHERE id = %(id)s
 RETURNING id;
+
+-- name: owned_running
+-- The running jobs a worker claimed, by its name: used when it died before
+-- it could publish a claim, to release them with the (id, attempt) fence.
+SELECT id, attempt
+  FROM pgfence.jobs
+ WHERE locked_by = %(owner)s AND status = 'running';
