@@ -88,6 +88,11 @@ class Run:
         assert status == 200, status
         return samples(text)
 
+    def try_scrape(self) -> dict:
+        """The parsed metrics, or {} when a scrape fails (for polling)."""
+        status, text = http_get(self.url("/metrics"))
+        return samples(text) if status == 200 else {}
+
     def descendants(self) -> list[int]:
         kids = children(self.proc.pid)
         self.seen |= set(kids)

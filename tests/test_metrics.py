@@ -63,7 +63,7 @@ def test_two_hundred_restarts_leave_no_per_process_series(backend, dsn, conn, ru
     metrics_dir = tmp_path / "metrics"
     run = runs(dsn, "--workers", "1", "--lease", "3", "--metrics-dir", str(metrics_dir))
     enqueue(conn, "noop")
-    wait_for(lambda: total(run.scrape(), "pgfence_jobs_completed_total") == 1)
+    wait_for(lambda: total(run.try_scrape(), "pgfence_jobs_completed_total") == 1)
     restarts = 200
     for i in range(restarts):
         pids = worker_pids(run.proc.pid)
@@ -71,7 +71,7 @@ def test_two_hundred_restarts_leave_no_per_process_series(backend, dsn, conn, ru
         # Each child does a job first, so that it leaves metric files behind.
         enqueue(conn, "noop")
         # Counted after its commit: wait for the count, not for the row.
-        wait_for(lambda: total(run.scrape(), "pgfence_jobs_completed_total") == i + 2, interval=0.005)
+        wait_for(lambda: total(run.try_scrape(), "pgfence_jobs_completed_total") == i + 2, interval=0.005)
         os.kill(pids[0], signal.SIGKILL)
         # The next one must be up (connected) before it is killed, or its
         # death counts as a failure to start and the arbiter halts.
@@ -79,7 +79,7 @@ def test_two_hundred_restarts_leave_no_per_process_series(backend, dsn, conn, ru
                  and http_get(run.url("/readyz"))[0] == 200, timeout=20, interval=0.01,
                  message=f"worker {i + 2} up")
     # The arbiter sets the workers gauge on its next turn (every half second).
-    wait_for(lambda: total(run.scrape(), "pgfence_workers") == 1, timeout=5)
+    wait_for(lambda: total(run.try_scrape(), "pgfence_workers") == 1, timeout=10)
     started = time.perf_counter()
     status, text = http_get(run.url("/metrics"))
     elapsed = time.perf_counter() - started
