@@ -21,6 +21,7 @@ from typing import Any
 
 from . import admin, db, embedded, migrate, multiproc, registry, retention, settings as settings_mod
 from .errors import ConfigError, PgfenceError, SchemaMissing
+from .loadtest import options as loadtest_options
 from .producer import enqueue
 
 log = logging.getLogger("pgfence")
@@ -124,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--lease", default="3", help="lease in seconds (default 3)")
     p.add_argument("--render", default="10", help="seconds the receipt job works (default 10)")
+
+    p = sub.add_parser("loadtest", help="many jobs, several supervisors and injected faults, then an audit")
+    _common(p)
+    loadtest_options.add_arguments(p)
 
     p = sub.add_parser("dsn", help="print the DSN in use (password removed)")
     _common(p)
@@ -346,6 +351,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo.run(dsn, lease=lease, render=render)
 
 
+def cmd_loadtest(args: argparse.Namespace) -> int:
+    from .loadtest import runner
+
+    return runner.main(args)
+
+
 def cmd_dsn(args: argparse.Namespace) -> int:
     dsn, _ = _dsn(args)
     print(db.redact(dsn))
@@ -355,6 +366,7 @@ def cmd_dsn(args: argparse.Namespace) -> int:
 COMMANDS = {
     "migrate": cmd_migrate, "work": cmd_work, "run": cmd_run, "enqueue": cmd_enqueue, "status": cmd_status,
     "retry": cmd_retry, "cancel": cmd_cancel, "prune": cmd_prune, "demo": cmd_demo, "dsn": cmd_dsn,
+    "loadtest": cmd_loadtest,
 }
 
 

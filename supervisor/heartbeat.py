@@ -67,9 +67,9 @@ class HeartbeatManager:
         self._thread: threading.Thread | None = None
         # The statement may not outlive the interval: a renewal that is late
         # is worth nothing, and the next round tries again.
-        timeout_ms = max(100, int(self.interval * 1000))
+        self._timeout_ms = str(max(100, int(self.interval * 1000)))
         self._pool = ConnectionPool(
-            db.conninfo(dsn, application_name=application_name, options=f"-c statement_timeout={timeout_ms}"),
+            db.conninfo(dsn, application_name=application_name),
             min_size=1, max_size=1, open=False, timeout=max(1.0, self.interval),
             kwargs={"autocommit": True, "prepare_threshold": None},
             reconnect_timeout=3600 * 24 * 365,
@@ -123,7 +123,11 @@ class HeartbeatManager:
         try:
             with self._expiring(live, result):
                 self._open()
-                with self._pool.connection() as conn:
+                with self._pool.connection() as conn, conn.transaction():
+                    # The timeout is set for this transaction only: a startup
+                    # option or a session SET would not survive (or would
+                    # leak through) a transaction-pooling PgBouncer.
+                    conn.execute(q("local_statement_timeout"), {"ms": self._timeout_ms})
                     self.statements += 1
                     rows = conn.execute(q("renew"), params).fetchall()
         except (psycopg.Error, OSError, Exception) as exc:  # noqa: BLE001 - any failure is a failed round

@@ -17,3 +17,7 @@ SELECT w.id, w.attempt, (r.id IS NOT NULL) AS renewed, j.status, j.attempt AS cu
   FROM wanted w
   LEFT JOIN renewed r ON r.id = w.id AND r.attempt = w.attempt
   LEFT JOIN pgfence.jobs j ON j.id = w.id;
+
+-- name: local_statement_timeout
+-- Bound the rest of this transaction (the renewal) to %(ms)s milliseconds.
+SELECT set_config('statement_timeout', %(ms)s, true);
