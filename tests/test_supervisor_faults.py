@@ -340,7 +340,7 @@ def test_sigkilled_child_job_is_released_at_once_and_completed_by_another(dsn, c
     os.kill(p, signal.SIGKILL)
     killed = time.monotonic()
     # Back in the queue (or already reclaimed) within seconds, not 30.
-    sup.wait(lambda: holder(conn, job_id) is None or holder(conn, job_id)[0] == 2, 5,
+    sup.wait(lambda: (h := holder(conn, job_id)) is None or h[0] == 2, 5,
              "the dead child's job released")
     attempt, q = sup.wait(lambda: (h := holder(conn, job_id)) and h[0] == 2 and h, 10, "the job run again")
     # Well before the 30 s lease would have run out (a loaded machine may
