@@ -1,0 +1,205 @@
+"""The benchmark's report: the reference numbers, the goals, and the markdown
+table that goes into the README."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from pathlib import Path
+
+from harness import Series, Server
+
+#: The numbers quoted when the benchmark was asked for (same 2-core machine
+#: class); shown beside ours, never asserted.
+REFERENCE = {
+    "pgbench_one_c4": "~3,300",
+    "pgbench_one_c16": "~5,000",
+    "pgbench_batch50_c4": "~40,000",
+    "naive_batch50": "~42,000",
+    "pgqueuer_apg": "~18,000-20,000",
+    "pgqueuer_psy": "~4,000",
+    "procrastinate": "~400-750",
+}
+
+#: Goals, reported against, never asserted.
+GOALS = {
+    "noop_vs_pgqueuer": 1.5,        # pgfence no-op best / pgqueuer best
+    "noop_vs_pgbench_batched": 0.70,
+    "effect_vs_pgbench_one": 0.80,  # at the same concurrency
+    "pickup_p50_ms": 5.0,
+    "pickup_p99_ms": 50.0,
+    "renew_1000_ms": 20.0,
+    "claim_1m_ratio": 1.10,
+}
+
+
+LEGEND = (
+    "jobs/s: N over the time from the first job taken to the last one finished, on the database clock. "
+    "With startup: N over the wall time from starting the workers to the poll that found the queue empty. "
+    "× pgfence: over pgfence's best no-op figure. CPU: user+system time of the workers' processes and of "
+    "their PostgreSQL backends while the queue drained (2 cores: at most 2,000 ms of CPU per second). "
+    "Reference: the figures quoted when this benchmark was asked for. (capped): stopped after {cap:g} s, "
+    "rate over the jobs done by then. (disturbed): more than a fifth of the machine's CPU went to something "
+    "else during a run."
+)
+
+
+def machine_facts(server: Server) -> dict:
+    mem_kb = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1))
+    cpu = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
+    facts = server.facts()
+    return {"nproc": os.cpu_count(), "memory_gib": round(mem_kb / 1024 / 1024, 1),
+            "cpu": cpu.group(1).strip() if cpu else platform.processor(),
+            "postgresql": facts["server_version"], "pg_settings": facts["settings"],
+            "python": platform.python_version(), "kernel": platform.release()}
+
+
+def goals(series: dict[str, Series], metrics: dict) -> list[dict]:
+    out: list[dict] = []
+
+    def best(prefix: str) -> tuple[str | None, float | None]:
+        found = [(k, s.rate) for k, s in series.items() if k.startswith(prefix) and s.runs]
+        return max(found, key=lambda x: x[1]) if found else (None, None)
+
+    def goal(name: str, target: str, measured: float, met: bool, detail: str, unit: str) -> None:
+        out.append({"goal": name, "target": target, "measured": measured, "unit": unit, "met": met,
+                    "detail": detail})
+
+    noop_key, noop = best("pgfence_noop")
+    pgq_key, pgq = best("pgqueuer")
+    if noop and pgq:
+        r = noop / pgq
+        goal("no-op throughput vs pgqueuer's best", f">= {GOALS['noop_vs_pgqueuer']}x", r,
+             r >= GOALS["noop_vs_pgqueuer"],
+             f"{noop:,.0f} ({series[noop_key].config}) / {pgq:,.0f} ({series[pgq_key].system})", "x")
+    pb_key, pb = best("pgbench_batch50")
+    if noop and pb:
+        r = noop / pb
+        goal("no-op throughput vs batched pgbench", f">= {GOALS['noop_vs_pgbench_batched']:.0%}", r,
+             r >= GOALS["noop_vs_pgbench_batched"], f"{noop:,.0f} / {pb:,.0f} ({series[pb_key].config})", "%")
+    for clients in (4, 16):
+        ek, eff = best(f"pgfence_effect_w{clients}_")
+        one = series.get(f"pgbench_one_c{clients}")
+        if eff and one and one.runs:
+            r = eff / one.rate
+            goal(f"effect jobs vs one-job pgbench at {clients}", f">= {GOALS['effect_vs_pgbench_one']:.0%}", r,
+                 r >= GOALS["effect_vs_pgbench_one"], f"{eff:,.0f} ({series[ek].config}) / {one.rate:,.0f}", "%")
+    p = metrics.get("pickup")
+    if p:
+        goal("pickup latency p50", f"< {GOALS['pickup_p50_ms']:g} ms", p["p50_ms"], p["p50_ms"] < GOALS["pickup_p50_ms"],
+             f"{p['jobs']} jobs into an idle pool of 4", "ms")
+        goal("pickup latency p99", f"< {GOALS['pickup_p99_ms']:g} ms", p["p99_ms"], p["p99_ms"] < GOALS["pickup_p99_ms"],
+             f"max {p['max_ms']:.1f} ms", "ms")
+    h = metrics.get("heartbeat")
+    if h:
+        goal("renew 1,000 leases (run_once)", f"< {GOALS['renew_1000_ms']:g} ms", h["median_ms"],
+             h["median_ms"] < GOALS["renew_1000_ms"], f"median of {h['rounds']}, p90 {h['p90_ms']:.1f} ms", "ms")
+        ok = h["statements_for_rounds"] == h["rounds"] and h["thread_statements"] <= h["thread_expected_statements"]
+        goal("one renewal statement per interval", "1 per round", h["statements_for_rounds"] / h["rounds"], ok,
+             f"{h['statements_for_rounds']} for {h['rounds']} rounds; thread: {h['thread_statements']} "
+             f"in {h['thread_span_s']:g} s at {h['thread_interval_s']:g} s", "per round")
+    c = metrics.get("claim")
+    if c:
+        goal("claim with 1M finished rows vs empty", f"<= {GOALS['claim_1m_ratio']:.2f}x", c["ratio"],
+             c["ratio"] <= GOALS["claim_1m_ratio"],
+             f"median {c['1m_median_ms']:.3f} ms vs {c['empty_median_ms']:.3f} ms", "x")
+    return out
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _measured(g: dict) -> str:
+    v = g["measured"]
+    return {"x": f"{v:.2f}x", "%": f"{v:.0%}", "ms": f"{v:.1f} ms"}.get(g["unit"], f"{v:g} {g['unit']}")
+
+
+def markdown(report: dict) -> str:
+    m = report["machine"]
+    settings = m["pg_settings"]
+    lines = [
+        f"### Benchmark, {report['date'][:10]}",
+        "",
+        (f"Machine: {m['nproc']} cores ({m['cpu']}), {m['memory_gib']} GiB, PostgreSQL {m['postgresql']} "
+         f"on 127.0.0.1 (synchronous_commit {settings.get('synchronous_commit')}, shared_buffers "
+         f"{int(settings.get('shared_buffers', 0)) * 8 // 1024} MB), Python {m['python']}; "
+         f"pgfence {report['pgfence']}."),
+        (f"Command: `{report['command']}` ({report['elapsed_s'] / 60:.1f} minutes); "
+         f"each figure is the median of {report['settings']['runs']} runs."),
+        "",
+    ]
+    tp = report["throughput"]
+    if tp:
+        noop = [s["jobs_per_s"] for k, s in tp.items() if k.startswith("pgfence_noop") and s["runs"]]
+        base = max(noop, default=None)
+        lines += [("| system | configuration | N | jobs/s | with startup | × pgfence | CPU ms per 1k jobs: "
+                   "workers / PostgreSQL | reference |"),
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for s in tp.values():
+            if not s["runs"]:
+                lines.append(f"| {s['system']} | {s['config']} | {s['n']:,} | failed | | | | {s['reference']} |")
+                continue
+            ratio = f"{s['jobs_per_s'] / base:.2f}" if base else "-"
+            cpu = s["cpu_per_1k"]
+            cpu_text = (f"{cpu.get('client_ms_per_1k', 0):,.0f} / {cpu.get('server_ms_per_1k', 0):,.0f}"
+                        if cpu else "-")
+            flag = (" (capped)" if s["capped"] else "") + (" (disturbed)" if s.get("disturbed") else "")
+            lines.append(f"| {s['system']} | {s['config']} | {s['n']:,} | {_num(s['jobs_per_s'])}{flag} | "
+                         f"{_num(s['jobs_per_s_with_startup'])} | {ratio} | {cpu_text} | {s['reference']} |")
+        lines += ["", LEGEND.format(cap=report["settings"]["cap_s"]), ""]
+    met = report["metrics"]
+    rows = []
+    if "pickup" in met:
+        p = met["pickup"]
+        rows.append(("pickup latency, idle pool of 4 (LISTEN/NOTIFY), started_at - created_at",
+                     (f"p50 {p['p50_ms']:.1f} ms, p99 {p['p99_ms']:.1f} ms, max {p['max_ms']:.1f} ms "
+                      f"({p['jobs']} jobs about {p['gap_ms']:.0f} ms apart)")))
+    if "pickup_no_listen" in met:
+        p = met["pickup_no_listen"]
+        rows.append(("pickup latency, `--no-listen --poll-interval 100ms`",
+                     f"p50 {p['p50_ms']:.1f} ms, p99 {p['p99_ms']:.1f} ms ({p['jobs']} jobs)"))
+    if "heartbeat" in met:
+        h = met["heartbeat"]
+        rows.append(("renew 1,000 leases: one `HeartbeatManager.run_once`",
+                     (f"median {h['median_ms']:.1f} ms, p90 {h['p90_ms']:.1f} ms ({h['rounds']} rounds, "
+                      f"{h['statements_for_rounds']} statements); its thread at {h['thread_interval_s']:g} s sent "
+                      f"{h['thread_statements']} statements in {h['thread_span_s']:g} s")))
+    if "claim" in met:
+        c = met["claim"]
+        rows.append((f"claim one job with {c['finished_rows']:,} finished rows vs an empty table",
+                     (f"median {c['1m_median_ms']:.3f} ms vs {c['empty_median_ms']:.3f} ms: {c['ratio']:.2f}x "
+                      f"({c['claims']:,} claims each; {', '.join(c['plans'].get('1m', []))})")))
+    if "memory" in met:
+        mm = met["memory"]
+        rows.append(("memory per worker child (`run --workers 4`)",
+                     (f"RSS {mm['worker_rss_mib']:.1f} MiB, USS {mm['worker_uss_mib']:.1f} MiB "
+                      f"(PSS {mm['worker_pss_mib']:.1f} MiB)")))
+        rows.append(("memory of the arbiter", f"RSS {mm['arbiter_rss_mib']:.1f} MiB, USS {mm['arbiter_uss_mib']:.1f} MiB"))
+        for p in mm["processes"]:
+            if p["role"] not in ("worker", "arbiter"):
+                rows.append((f"memory of the {p['role']} process",
+                             f"RSS {p['rss_mib']:.1f} MiB, USS {p['uss_mib']:.1f} MiB"))
+        rows.append(("memory of the whole pool (4 workers)",
+                     f"USS {mm['total_uss_mib']:.1f} MiB in all, PSS {mm['total_pss_mib']:.1f} MiB"))
+    if rows:
+        lines += ["| measurement | result |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows] + [""]
+    if report["goals"]:
+        lines += ["| goal | target | measured | met |", "|---|---|---:|:---:|"]
+        for g in report["goals"]:
+            lines.append(f"| {g['goal']} ({g['detail']}) | {g['target']} | {_measured(g)} | "
+                         f"{'yes' if g['met'] else '**no**'} |")
+        lines.append("")
+    if report["errors"]:
+        lines += ["Failed: " + "; ".join(f"{k}: {v}" for k, v in report["errors"].items()), ""]
+    prof = met.get("profile")
+    if prof:
+        lines += [(f"Where one worker's time goes ({prof['config']}, N={prof['n']:,}; py-spy on its main thread, "
+                   f"{prof['samples']} samples): {prof['waiting_for_postgresql_pct']:.0f}% waiting for PostgreSQL, "
+                   f"{prof['python_pct']:.0f}% in Python, {prof['idle_pct']:.0f}% idle. Inclusive:"), ""]
+        lines += [f"- {pct:.1f}% {frame}" for frame, pct in prof["inclusive_pct"][:14]]
+        lines += ["", "Python's own time, by function:", ""]
+        lines += [f"- {pct:.1f}% {frame}" for frame, pct in prof["python_self_pct"][:10]]
+        lines.append("")
+    return "\n".join(lines)
