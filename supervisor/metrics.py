@@ -7,6 +7,8 @@ server sums them; gauges use "live" modes, so a dead process leaves no
 series behind.
 """
 
+import functools
+
 from prometheus_client import Counter, Gauge, Histogram
 
 RECLAIMS = Counter(
@@ -62,3 +64,10 @@ def initialise(queues: list[str] | tuple[str, ...], kinds: list[str]) -> None:
             for reason in LOST_REASONS:
                 LEASE_LOST.labels(queue, kind, reason)
     WORKER_RESTARTS.inc(0)
+
+
+@functools.cache
+def of(metric, *labels: str):
+    """``metric.labels(*labels)``, looked up once: on the per-job path the
+    lookup (a lock and a dict) cost as much as the increment."""
+    return metric.labels(*labels)

@@ -138,6 +138,7 @@ class Worker:
         # claim order (priority DESC, run_at, id) whatever the plan.
         rows.sort(key=lambda r: (-r[9], r[12], r[0]))
         jobs = []
+        claimed: dict[tuple[str, str], int] = {}
         for row in rows:
             (job_id, queue, kind, payload, status, attempt, max_attempts, _reclaims, _max_reclaims,
              _priority, dedupe_key, _created_at, run_at, last_error, prev_status, lease_left) = row
@@ -149,7 +150,7 @@ class Worker:
                 metrics.JOBS_FAILED.labels(queue, kind).inc()
                 self.stats.add(FAILED)
                 continue
-            metrics.JOBS_CLAIMED.labels(queue, kind).inc()
+            claimed[queue, kind] = claimed.get((queue, kind), 0) + 1
             self.stats.claimed += 1
             spec = registry.find(kind)
             seconds = (spec.lease if spec and spec.lease else self.settings.lease)
@@ -159,9 +160,11 @@ class Worker:
                           enforce_deadline=self.settings.renew)
             if self.heartbeat is not None and self.settings.renew:
                 self.heartbeat.track(lease)
-            metrics.JOB_WAIT.labels(queue, kind).observe(max(0.0, time.time() - run_at.timestamp()))
+            metrics.of(metrics.JOB_WAIT, queue, kind).observe(max(0.0, time.time() - run_at.timestamp()))
             jobs.append(Job(job_id, kind, queue, attempt, payload, lease, max_attempts, dedupe_key,
                             conn=self.conn, fence=self.settings.fence))
+        for (queue, kind), count in claimed.items():   # once per batch, not per job
+            metrics.of(metrics.JOBS_CLAIMED, queue, kind).inc(count)
         return jobs
 
     # -- run one job ----------------------------------------------------------
@@ -183,7 +186,7 @@ class Worker:
         finally:
             if self.heartbeat is not None and outcome != DEFERRED:
                 self.heartbeat.untrack(job.lease)
-            metrics.JOB_DURATION.labels(job.queue, job.kind).observe(time.monotonic() - started)
+            metrics.of(metrics.JOB_DURATION, job.queue, job.kind).observe(time.monotonic() - started)
             if self.on_job:
                 self.on_job(None)
         if outcome != DEFERRED:
@@ -207,12 +210,13 @@ class Worker:
             log.warning("batched completion failed: %s", exc)
             self._drop_connection()
             done, unavailable = set(), True
+        completed: dict[tuple[str, str], int] = {}
         for job in jobs:
             if self.heartbeat is not None:
                 self.heartbeat.untrack(job.lease)
             if job.id in done:
                 job.completed = True
-                metrics.JOBS_COMPLETED.labels(job.queue, job.kind).inc()
+                completed[job.queue, job.kind] = completed.get((job.queue, job.kind), 0) + 1
                 self.stats.add(DONE)
             else:
                 if unavailable:
@@ -220,6 +224,8 @@ class Worker:
                 else:
                     job._rejected()
                 self.stats.add(LOST)
+        for (queue, kind), count in completed.items():   # once per batch, not per job
+            metrics.of(metrics.JOBS_COMPLETED, queue, kind).inc(count)
         jobs.clear()
         return len(done)
 
@@ -338,7 +344,9 @@ class Worker:
                         if self.release(rest):
                             self.stats.add(RELEASED)
                     break
-                if self.run_job(job, deferred if len(jobs) > 1 else None) == DEFERRED and len(deferred) == 1:
+                # A batch of one is deferred too: complete_many is then one
+                # autocommit statement instead of BEGIN, complete, COMMIT.
+                if self.run_job(job, deferred) == DEFERRED and len(deferred) == 1:
                     oldest = time.monotonic()
                 if deferred and time.monotonic() - oldest >= DEFER_MAX:
                     self.complete_deferred(deferred)

@@ -213,3 +213,30 @@ def test_concurrent_claimers_never_get_the_same_job(conn, make_worker):
     rows = conn.execute("SELECT id, status, attempt, locked_by FROM pgfence.jobs ORDER BY id").fetchall()
     owner = {i: name for name, lst in got.items() for i in lst}
     assert rows == [(i, "running", 1, owner[i]) for i in ids]
+
+
+def _scans(node: dict) -> list[dict]:
+    found = [node] if node.get("Relation Name") == "jobs" and "Scan" in node["Node Type"] else []
+    for child in node.get("Plans", []):
+        found += _scans(child)
+    return found
+
+
+def test_a_claim_reads_a_batch_not_the_whole_queue(conn):
+    # 20,000 queued jobs in two queues: each queue is read in index order and
+    # the scan stops after the batch, instead of reading and sorting them all.
+    conn.execute("INSERT INTO pgfence.jobs (kind, queue, priority) "
+                 "SELECT 'noop', CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, g % 3 FROM generate_series(1, 20000) g")
+    conn.execute("ANALYZE pgfence.jobs")
+    params = claim_params(queues=("a", "b"), batch=10)
+    with conn.transaction(force_rollback=True):   # EXPLAIN ANALYZE runs the UPDATE
+        plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + q("claim"), params).fetchone()[0][0]["Plan"]
+        scans = _scans(plan)
+        read = sum(s["Actual Rows"] * s.get("Actual Loops", 1) for s in scans
+                   if s.get("Index Name") == "jobs_claim_idx")
+        assert any(s.get("Index Name") == "jobs_claim_idx" for s in scans), scans
+        # At most a batch per queue (plus the rows skipped as locked: none here).
+        assert read <= 2 * 10, read
+    # And the order is still priority first across both queues.
+    rows = conn.execute(q("claim"), params).fetchall()
+    assert [r[9] for r in rows] == [2] * 10

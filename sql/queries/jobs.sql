@@ -6,16 +6,28 @@
 -- failed instead of running it again.  prev_status tells reclaims apart.
 -- The verdict is computed from the row versions that FOR UPDATE locked, never
 -- from an older snapshot of the same rows.
+-- Each queue is read on its own, with queue = one value: the claim index then
+-- yields its rows already in (priority DESC, run_at, id) order and the scan
+-- stops after the batch, so a claim costs the same with ten jobs queued or a
+-- million.  (queue = ANY(array) makes PostgreSQL read every live row of the
+-- queues and sort them, for each claim.)  The queues' heads are then merged.
 WITH candidates AS (
-    SELECT id, status AS prev_status, attempt, max_attempts,
-           reclaims + (status = 'running')::int AS new_reclaims, max_reclaims
-      FROM pgfence.jobs
-     WHERE queue = ANY(%(queues)s::text[])
-       AND ((status = 'queued' AND run_at <= now())
-         OR (status = 'running' AND lease_until < now()))
-     ORDER BY priority DESC, run_at, id
+    SELECT c.*
+      FROM unnest(%(queues)s::text[]) AS wanted(queue)
+     CROSS JOIN LATERAL (
+        SELECT id, status AS prev_status, attempt, max_attempts,
+               reclaims + (status = 'running')::int AS new_reclaims, max_reclaims,
+               priority, run_at
+          FROM pgfence.jobs
+         WHERE queue = wanted.queue
+           AND ((status = 'queued' AND run_at <= now())
+             OR (status = 'running' AND lease_until < now()))
+         ORDER BY priority DESC, run_at, id
+         LIMIT %(batch)s
+           FOR UPDATE SKIP LOCKED
+     ) c
+     ORDER BY c.priority DESC, c.run_at, c.id
      LIMIT %(batch)s
-       FOR UPDATE SKIP LOCKED
 ), decided AS (
     SELECT id, prev_status, new_reclaims,
            CASE
