@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unprotected", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--no-listen", dest="listen", action="store_const", const="false",
                    help="poll instead of LISTEN/NOTIFY (for PgBouncer in transaction pooling)")
+    p.add_argument("--no-prepare", dest="prepare", action="store_const", const="false",
+                   help="no server-side prepared statements (for PgBouncer in transaction pooling)")
 
     p = sub.add_parser("run", help="the supervisor: an arbiter, N forked workers and a heartbeat manager")
     _common(p)
@@ -85,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-dir", help="directory for the processes' metric files (wiped at start)")
     p.add_argument("--no-listen", dest="listen", action="store_const", const="false",
                    help="poll instead of LISTEN/NOTIFY (for PgBouncer in transaction pooling)")
+    p.add_argument("--no-prepare", dest="prepare", action="store_const", const="false",
+                   help="no server-side prepared statements (for PgBouncer in transaction pooling)")
     # UNSAFE, for tests that show what the fence prevents: see `work`.
     p.add_argument("--unprotected", action="store_true", help=argparse.SUPPRESS)
 
@@ -161,7 +165,7 @@ def _worker_settings(args: argparse.Namespace) -> settings_mod.Settings:
     cli = {name: getattr(args, name, None) for name in
            ("queues", "lease", "heartbeat", "batch", "poll_interval", "timeout", "retention", "handlers",
             "workers", "graceful_timeout", "lost_lease_kill_after", "metrics_host", "metrics_port", "metrics_dir",
-            "listen")}
+            "listen", "prepare")}
     return settings_mod.load(cli, config_path=getattr(args, "config", None))
 
 
@@ -370,6 +374,16 @@ COMMANDS = {
 }
 
 
+def _configure_logging(level_name: str) -> None:
+    """pgfence's own loggers at the chosen level; other libraries' (the
+    pool, matplotlib, the embedded server's wheel) only from WARNING up,
+    unless DEBUG asks for everything."""
+    level = logging.getLevelName(level_name)
+    root = level if level <= logging.DEBUG else max(level, logging.WARNING)
+    logging.basicConfig(level=root, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("pgfence").setLevel(level)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -378,8 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "log_level", "INFO") not in LOG_LEVELS:
             raise ConfigError(f"invalid log-level: expected one of {', '.join(LOG_LEVELS)}, "
                               f"got {args.log_level!r}")
-        logging.basicConfig(level=getattr(args, "log_level", "INFO"), stream=sys.stderr,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        _configure_logging(getattr(args, "log_level", "INFO"))
         return COMMANDS[args.command](args)
     except PgfenceError as exc:
         print(f"pgfence: error: {exc}", file=sys.stderr)

@@ -119,13 +119,25 @@ def translated(dsn: str | None = None) -> Iterator[None]:
         raise translate(exc, dsn) from exc
 
 
-def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgfence") -> psycopg.Connection:
-    """Open one connection, translating failures into DatabaseUnavailable."""
+def prepare_threshold(prepare: bool) -> int | None:
+    """psycopg's ``prepare_threshold``: prepare from the first execution, or
+    never (PgBouncer in transaction pooling)."""
+    return 0 if prepare else None
+
+
+def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgfence",
+            prepare: bool = False) -> psycopg.Connection:
+    """Open one connection, translating failures into DatabaseUnavailable.
+
+    ``prepare`` makes the server keep a plan for each statement; only the
+    worker's connection, which runs the same few statements for ever, asks
+    for it.
+    """
     with translated(dsn):
         return psycopg.connect(
             conninfo(dsn, application_name=application_name),
             autocommit=autocommit,
-            prepare_threshold=None,
+            prepare_threshold=prepare_threshold(prepare),
         )
 
 

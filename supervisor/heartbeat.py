@@ -52,7 +52,7 @@ class HeartbeatManager:
     """
 
     def __init__(self, dsn: str, *, default_lease: float = 30.0, interval: float | None = None,
-                 application_name: str = "pgfence heartbeat"):
+                 application_name: str = "pgfence heartbeat", prepare: bool = False):
         if default_lease <= 0:
             raise ValueError("default_lease must be positive")
         if interval is not None and interval <= 0:
@@ -71,7 +71,7 @@ class HeartbeatManager:
         self._pool = ConnectionPool(
             db.conninfo(dsn, application_name=application_name),
             min_size=1, max_size=1, open=False, timeout=max(1.0, self.interval),
-            kwargs={"autocommit": True, "prepare_threshold": None},
+            kwargs={"autocommit": True, "prepare_threshold": db.prepare_threshold(prepare)},
             reconnect_timeout=3600 * 24 * 365,
             name="pgfence-heartbeat",
         )

@@ -32,7 +32,7 @@ class HeartbeatProcess:
         self.table = table
         self.liveness = liveness
         self.manager = HeartbeatManager(dsn, default_lease=settings.lease,
-                                        interval=settings.heartbeat_interval)
+                                        interval=settings.heartbeat_interval, prepare=settings.prepare)
         # The manager's own view of each held lease, keyed by (slot, entry,
         # job id, attempt); rebuilt from the slot table every round.
         self._leases: dict[tuple[int, int, int, int], Lease] = {}

@@ -65,6 +65,6 @@ def apply(conn: psycopg.Connection) -> list[Migration]:
 def pending(conn: psycopg.Connection) -> list[Migration]:
     """Migrations not yet applied (all of them when the schema is missing)."""
     with db.translated():
-        exists = conn.execute("SELECT to_regclass('pgfence.migrations') IS NOT NULL").fetchone()[0]
+        exists = conn.execute(q("migrations_table_exists")).fetchone()[0]
         applied = {r[0] for r in conn.execute(q("migrations_applied"))} if exists else set()
     return [m for m in available() if m.version not in applied]

@@ -61,6 +61,11 @@ class Settings:
     #: Wake idle workers with LISTEN/NOTIFY; off behind a transaction-pooling
     #: PgBouncer, where workers poll every poll_interval instead.
     listen: bool = True
+    #: Prepare the worker's and the heartbeat's statements on the server
+    #: (they run thousands of times); off behind a transaction-pooling
+    #: PgBouncer, which cannot keep a prepared statement on one server
+    #: connection (before 1.21, or without max_prepared_statements).
+    prepare: bool = True
     #: Renew leases and fence completions.  Only ``pgfence demo`` turns
     #: these off, to show what goes wrong without them.
     renew: bool = field(default=True, metadata={"hidden": True})

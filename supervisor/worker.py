@@ -74,7 +74,8 @@ class Worker:
         self._own_heartbeat = heartbeat is None and settings.renew
         self.heartbeat = heartbeat
         if self._own_heartbeat:
-            self.heartbeat = HeartbeatManager(dsn, default_lease=settings.lease, interval=settings.heartbeat)
+            self.heartbeat = HeartbeatManager(dsn, default_lease=settings.lease, interval=settings.heartbeat,
+                                              prepare=settings.prepare)
         self._last_prune = time.monotonic()
 
     # -- connection -----------------------------------------------------------
@@ -82,7 +83,8 @@ class Worker:
     @property
     def conn(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
-            conn = db.connect(self.dsn, application_name=f"pgfence worker {self.name}")
+            conn = db.connect(self.dsn, application_name=f"pgfence worker {self.name}",
+                              prepare=self.settings.prepare)
             # Listen before the first claim, so that no enqueue can fall
             # between a claim that found nothing and the LISTEN.  Behind a
             # transaction-pooling PgBouncer there is no session to listen

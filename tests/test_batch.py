@@ -61,3 +61,23 @@ def test_without_listen_an_idle_worker_polls_and_never_listens(dsn, conn, make_w
         worker.request_stop()
         thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+def test_the_worker_prepares_its_statements_unless_told_not_to(conn, make_worker):
+    def prepared(worker) -> list[str]:
+        rows = worker.conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+        return [statement for (statement,) in rows]
+
+    enqueue(conn, "noop")
+    worker = make_worker(retention=None)
+    assert worker.run_once() == 1
+    statements = prepared(worker)
+    # The claim (with its fence verdicts) and the fenced completion.
+    assert any("FOR UPDATE SKIP LOCKED" in s for s in statements), statements
+    assert any("status = 'done'" in s for s in statements), statements
+
+    enqueue(conn, "noop")
+    unprepared = make_worker(prepare=False, retention=None)
+    assert unprepared.run_once() == 1
+    assert prepared(unprepared) == []
+    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'done'") == 2

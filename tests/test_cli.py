@@ -368,3 +368,16 @@ def test_work_command_applies_the_settings_precedence(dsn, conn, tmp_path):
     assert "worker w-set on queues b (lease 10.0s," in work("--lease", "10", "--queues", "b", PGFENCE_LEASE="15")
     # The TOML's queues were used: the job in "a" ran, the one in "default" did not.
     assert (job_row(conn, in_a)["status"], job_row(conn, in_default)["status"]) == ("done", "queued")
+
+
+@pytest.mark.parametrize("command", ["work", "run"])
+def test_pooling_switches_reach_the_settings(command):
+    from supervisor.cli import _worker_settings, build_parser
+
+    plain = _worker_settings(build_parser().parse_args([command]))
+    assert (plain.listen, plain.prepare) == (True, True)
+    pooled = _worker_settings(build_parser().parse_args([command, "--no-listen", "--no-prepare"]))
+    assert (pooled.listen, pooled.prepare) == (False, False)
+    assert settings_mod.load({}, env={"PGFENCE_PREPARE": "off"}).prepare is False
+    with pytest.raises(ConfigError, match="invalid prepare: expected true or false"):
+        settings_mod.load({}, env={"PGFENCE_PREPARE": "sometimes"})

@@ -11,6 +11,10 @@ CREATE TABLE IF NOT EXISTS pgfence.migrations (
 -- Serialise concurrent migrators for the rest of the transaction.
 SELECT pg_advisory_xact_lock(%(key)s);
 
+-- name: migrations_table_exists
+-- Whether the migrations table is there yet (a new database has none).
+SELECT to_regclass('pgfence.migrations') IS NOT NULL;
+
 -- name: migrations_applied
 -- Versions already applied.
 SELECT version FROM pgfence.migrations ORDER BY version;

@@ -34,6 +34,7 @@ from typing import Any
 
 import psycopg
 
+from ..queries import q
 from .fleet import Fleet
 from .proxy import Proxy
 from .server import Server
@@ -171,10 +172,7 @@ class Faults:
             return None
         try:
             rows = self._control().execute(
-                "SELECT pid, backend_start, application_name FROM pg_stat_activity "
-                "WHERE pid = ANY(%s) AND datname = %s "
-                "AND (application_name LIKE 'pgfence worker %%' OR application_name = 'pgfence heartbeat') "
-                "ORDER BY pid", (ours, self.server.dbname)).fetchall()
+                q("loadtest_backends"), {"pids": ours, "dbname": self.server.dbname}).fetchall()
             workers = [(pid, start) for pid, start, app in rows if app.startswith("pgfence worker ")]
             heartbeats = [(pid, start) for pid, start, app in rows if app == "pgfence heartbeat"]
             if not workers and not heartbeats:
@@ -185,9 +183,7 @@ class Faults:
             ended = {"worker": 0, "heartbeat": 0}
             for kind, (pid, start) in chosen:
                 # The same backend as seen above (pid and start time), or none.
-                row = self._control().execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = %s AND backend_start = %s",
-                    (pid, start)).fetchone()
+                row = self._control().execute(q("loadtest_terminate"), {"pid": pid, "started": start}).fetchone()
                 if row and row[0]:
                     ended[kind] += 1
         except psycopg.Error:

@@ -117,7 +117,8 @@ class Fleet:
                      "--poll-interval", f"{poll_interval:g}", "--graceful-timeout", f"{graceful:g}",
                      "--handlers", HANDLERS, "--metrics-host", "127.0.0.1", "--log-level", "INFO"]
         if not listen:
-            self.args.append("--no-listen")
+            # Transaction pooling: no session to LISTEN on or to keep plans in.
+            self.args += ["--no-listen", "--no-prepare"]
         if unprotected:
             self.args.append("--unprotected")
         self.dsns = dsns   # one per supervisor: each its own link through the proxy

