@@ -241,8 +241,10 @@ class Bench:
             select = ("SELECT coalesce(min(id), 0) AS id, coalesce(min(attempt), 0) AS attempt, count(*) AS n "
                       "FROM claimed")
         else:
-            select = ("SELECT quote_literal(coalesce(array_agg(id), '{}')::text) AS ids, "
-                      "quote_literal(coalesce(array_agg(attempt), '{}')::text) AS attempts, count(*) AS n "
+            # Array literals as text: under -M prepared each :variable is
+            # bound as a parameter, so no quoting.
+            select = ("SELECT coalesce(array_agg(id), '{}')::text AS ids, "
+                      "coalesce(array_agg(attempt), '{}')::text AS attempts, count(*) AS n "
                       "FROM claimed")
         values = {
             "claim": wrap_returning(substitute(queries["claim"], literals), select) + " \\gset",
@@ -261,7 +263,8 @@ class Bench:
         fill_pgfence(self.main_dsn, n)
         info = psycopg.conninfo.conninfo_to_dict(self.main_dsn)
         out = self.logdir / f"pgbench-{script.stem}-c{clients}.out"
-        cmd = ["pgbench", "-n", "-f", str(script), "-c", str(clients), "-j", str(min(2, clients)),
+        # -M prepared: the protocol pgfence's workers use (the prepare setting).
+        cmd = ["pgbench", "-n", "-M", "prepared", "-f", str(script), "-c", str(clients), "-j", str(min(2, clients)),
                "-t", str(n // (clients * per_txn)), "-h", str(info.get("host", "127.0.0.1")),
                "-p", str(info.get("port", 5432)), "-U", str(info.get("user", "postgres")), str(info["dbname"])]
 
@@ -289,12 +292,14 @@ class Bench:
         log(f"pgbench scripts rendered with pgfence's SQL into {one.parent}")
         for clients in (4, 16):
             log(f"pgbench, pgfence claim of one job + fenced complete, -c {clients}, N={a.n_small:,}")
-            self.measure(f"pgbench_one_c{clients}", "pgbench: pgfence claim 1 + complete", f"-c {clients} -j 2",
+            self.measure(f"pgbench_one_c{clients}", "pgbench: pgfence claim 1 + complete",
+                         f"-c {clients} -j 2 -M prepared",
                          a.n_small, lambda c=clients: self.pgbench_once(one, c, a.n_small, 1))
         for clients in (2, 4):
             log(f"pgbench, pgfence claim of 50 jobs + complete_many, -c {clients}, N={a.n:,}")
             self.measure(f"pgbench_batch50_c{clients}", "pgbench: pgfence claim 50 + complete_many",
-                         f"-c {clients} -j 2", a.n, lambda c=clients: self.pgbench_once(many, c, a.n, 50))
+                         f"-c {clients} -j 2 -M prepared", a.n,
+                         lambda c=clients: self.pgbench_once(many, c, a.n, 50))
 
     # -- pickup latency ----------------------------------------------------------------
 
