@@ -124,12 +124,17 @@ class HeartbeatManager:
             with self._expiring(live, result):
                 self._open()
                 with self._pool.connection() as conn, conn.transaction():
-                    # The timeout is set for this transaction only: a startup
-                    # option or a session SET would not survive (or would
-                    # leak through) a transaction-pooling PgBouncer.
-                    conn.execute(q("local_statement_timeout"), {"ms": self._timeout_ms})
+                    # Settings for this transaction only: a startup option or
+                    # a session SET would not survive (or would leak through)
+                    # a transaction-pooling PgBouncer.
+                    conn.execute(q("renewal_settings"), {"ms": self._timeout_ms})
                     self.statements += 1
-                    rows = conn.execute(q("renew"), params).fetchall()
+                    renewed = set(conn.execute(q("renew"), params).fetchall())
+                    missed = [lease.id for lease in live if (lease.id, lease.attempt) not in renewed]
+                    # Only a round that lost leases asks why.
+                    statuses = dict(
+                        (job_id, status) for job_id, status, _attempt in
+                        conn.execute(q("renew_verdicts"), {"ids": missed}).fetchall()) if missed else {}
         except (psycopg.Error, OSError, Exception) as exc:  # noqa: BLE001 - any failure is a failed round
             result.error = db.first_line(exc)
             log.warning("lease renewal failed: %s", result.error)
@@ -140,16 +145,14 @@ class HeartbeatManager:
             return result
         finally:
             metrics.HEARTBEAT_DURATION.observe(time.monotonic() - sent_at)
-        by_key = {(lease.id, lease.attempt): lease for lease in live}
-        for job_id, attempt, renewed, status, _current in rows:
-            lease = by_key[(job_id, attempt)]
+        for lease in live:
             if lease.lost_reason is not None:
                 continue   # given up at its deadline while the answer was late
-            if renewed:
+            if (lease.id, lease.attempt) in renewed:
                 lease.renewed(sent_at)
                 result.renewed += 1
             else:
-                reason = "cancelled" if status == "cancelled" else "renewal_rejected"
+                reason = "cancelled" if statuses.get(lease.id) == "cancelled" else "renewal_rejected"
                 if lease.mark_lost(reason):
                     result.add_lost(reason)
         return result

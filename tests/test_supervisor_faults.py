@@ -275,7 +275,9 @@ def test_sigstopped_child_gets_no_renewals_and_cannot_commit(dsn, conn, supervis
     job_id = enqueue(conn, kind, {"seconds": seconds})
     attempt, p = sup.wait(lambda: holder(conn, job_id), 20, "the first claim")
     assert attempt == 1
-    assert WORKER_TITLE.match(sup.workers()[p]).group(3, 4, 5) == (kind, str(job_id), "1")
+    # The child retitles itself just after its claim commits.
+    sup.wait(lambda: WORKER_TITLE.match(sup.workers()[p]).group(3, 4, 5) == (kind, str(job_id), "1"), 5,
+             "the child's title naming its job")
     # While the child runs, its lease is renewed.
     first_until = job_row(conn, job_id)["lease_until"]
     sup.wait(lambda: job_row(conn, job_id)["lease_until"] > first_until, 2.8, "a renewal of the running job")

@@ -1,23 +1,28 @@
 -- name: renew
 -- Renew many leases in one statement.  A lease is renewed only while its
--- attempt still owns a running job; every requested id comes back with
--- renewed true or false and the job's current status, so the caller learns
--- per job which renewals failed and why.
-WITH wanted AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(leases)s::float8[])
-                  AS w(id, attempt, lease)
-), renewed AS (
-    UPDATE pgfence.jobs j
-       SET lease_until = now() + make_interval(secs => w.lease)
-      FROM wanted w
-     WHERE j.id = w.id AND j.attempt = w.attempt AND j.status = 'running'
-    RETURNING j.id, j.attempt
-)
-SELECT w.id, w.attempt, (r.id IS NOT NULL) AS renewed, j.status, j.attempt AS current_attempt
-  FROM wanted w
-  LEFT JOIN renewed r ON r.id = w.id AND r.attempt = w.attempt
-  LEFT JOIN pgfence.jobs j ON j.id = w.id;
+-- attempt still owns a running job; the (id, attempt) pairs that come back
+-- were renewed, the others were not (renew_verdicts says why).  Run after
+-- renewal_settings, in the same transaction: the join must go through the
+-- primary key.
+UPDATE pgfence.jobs j
+   SET lease_until = now() + make_interval(secs => w.lease)
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(leases)s::float8[]) AS w(id, attempt, lease)
+ WHERE j.id = w.id AND j.attempt = w.attempt AND j.status = 'running'
+RETURNING j.id, j.attempt;
 
--- name: local_statement_timeout
--- Bound the rest of this transaction (the renewal) to %(ms)s milliseconds.
-SELECT set_config('statement_timeout', %(ms)s, true);
+-- name: renew_verdicts
+-- Why some leases were not renewed: their jobs' current status and attempt
+-- (sent only in a round that lost some).
+SELECT id, status, attempt
+  FROM pgfence.jobs
+ WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: renewal_settings
+-- For the rest of this transaction (the renewal): a statement timeout of
+-- %(ms)s milliseconds, and no sequential scan of the jobs.  Right after a
+-- bulk enqueue the statistics may still say that no job is running; the
+-- planner then reads the whole table once per renewal instead of looking
+-- each lease up by its primary key (measured: 400 ms instead of 20 ms for
+-- 1,000 leases among 200,000 queued jobs).
+SELECT set_config('statement_timeout', %(ms)s, true),
+       set_config('enable_seqscan', 'off', true);
