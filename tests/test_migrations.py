@@ -11,7 +11,7 @@ import pytest
 from pgtools import pgfence, scalar, spawn, wait_for
 from supervisor import migrate
 
-EXPECTED_MIGRATIONS = [(1, "jobs"), (2, "handler_tables"), (3, "jobs_fillfactor")]
+EXPECTED_MIGRATIONS = [(1, "jobs"), (2, "handler_tables"), (3, "jobs_fillfactor"), (4, "complete_fenced")]
 
 
 def schema_dump(conn: psycopg.Connection, *, with_applied_at: bool = True) -> dict:
@@ -85,7 +85,8 @@ def test_concurrent_migrators_apply_the_schema_once(empty_dsn, dsn):
 
         assert [(rc, err) for _out, err, rc in results] == [(0, ""), (0, "")]
         assert sorted(out for out, _err, _rc in results) == sorted(
-            ["applied 0001_jobs\napplied 0002_handler_tables\napplied 0003_jobs_fillfactor\n", "schema up to date\n"])
+            ["applied 0001_jobs\napplied 0002_handler_tables\napplied 0003_jobs_fillfactor\napplied 0004_complete_fenced\n",
+             "schema up to date\n"])
         assert holder.execute("SELECT version, name FROM pgfence.migrations ORDER BY version").fetchall() == \
             EXPECTED_MIGRATIONS
         applied = schema_dump(holder, with_applied_at=False)

@@ -70,6 +70,12 @@ UPDATE pgfence.jobs
  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
 RETURNING id;
 
+-- name: complete_or_raise
+-- The fenced completion for a pipelined block (Job.fenced(pipeline=True)):
+-- raises SQLSTATE PF001 when this attempt no longer owns the job, which
+-- aborts the transaction before the COMMIT queued behind it.
+SELECT pgfence.complete_fenced(%(id)s, %(attempt)s);
+
 -- name: complete_many
 -- Fenced completion of many jobs in one statement (handlers that wrote
 -- nothing of their own); returns the ids that were still owned.
