@@ -15,6 +15,7 @@ worker when it returns.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,13 +40,40 @@ def idempotency_key(job_id: int, kind: str, dedupe_key: str | None) -> str:
     return f"pgfence:job:{job_id}"
 
 
+class RawJSON(str):
+    """A job's payload as the claim returned it, not yet decoded."""
+
+    __slots__ = ()
+
+
+class _Payload:
+    """The ``payload`` field of :class:`Job`: given as a Python value, or as
+    :class:`RawJSON` that is decoded on first read (a no-op handler never
+    pays for the JSON)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, job: Job | None, owner: type | None = None) -> Any:
+        if job is None:
+            raise AttributeError(self.slot)   # for dataclass: no default
+        value = getattr(job, self.slot)
+        if isinstance(value, RawJSON):
+            value = json.loads(value)
+            setattr(job, self.slot, value)
+        return value
+
+    def __set__(self, job: Job, value: Any) -> None:
+        setattr(job, self.slot, value)
+
+
 @dataclass(eq=False)
 class Job:
     id: int
     kind: str
     queue: str
     attempt: int
-    payload: dict[str, Any]
+    payload: Any = _Payload()   # required: the JSON value the job was enqueued with
     lease: Lease
     max_attempts: int = 1
     dedupe_key: str | None = None

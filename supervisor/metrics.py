@@ -7,7 +7,10 @@ server sums them; gauges use "live" modes, so a dead process leaves no
 series behind.
 """
 
+import bisect
 import functools
+from collections import Counter as _Tally
+from collections.abc import Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -71,3 +74,23 @@ def of(metric, *labels: str):
     """``metric.labels(*labels)``, looked up once: on the per-job path the
     lookup (a lock and a dict) cost as much as the increment."""
     return metric.labels(*labels)
+
+
+def observe_many(child, values: Sequence[float]) -> None:
+    """``child.observe(v)`` for every value, as one increment of the sum and
+    one per bucket touched: a batch of 200 jobs costs a few writes to the
+    multiprocess files instead of 400 (each write takes a lock and checks
+    the pid).  Falls back to one observe per value should the client's
+    Histogram internals ever change shape."""
+    if not values:
+        return
+    try:
+        bounds, buckets, total = child._upper_bounds, child._buckets, child._sum
+    except AttributeError:
+        for value in values:
+            child.observe(value)
+        return
+    # observe() counts a value in the first bucket whose bound is >= it.
+    for index, count in _Tally(bisect.bisect_left(bounds, v) for v in values).items():
+        buckets[index].inc(count)
+    total.inc(sum(values))

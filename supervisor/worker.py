@@ -23,7 +23,7 @@ import psycopg
 from . import db, metrics, registry, retention
 from .errors import DatabaseUnavailable, LeaseLost, PayloadRejected, PgfenceError, UnknownHandler
 from .heartbeat import HeartbeatManager
-from .job import Job
+from .job import Job, RawJSON
 from .lease import Lease
 from .queries import q
 from .settings import Settings
@@ -77,6 +77,8 @@ class Worker:
             self.heartbeat = HeartbeatManager(dsn, default_lease=settings.lease, interval=settings.heartbeat,
                                               prepare=settings.prepare)
         self._last_prune = time.monotonic()
+        #: Handler run times of the batch in hand, observed at its end.
+        self._durations: dict[tuple[str, str], list[float]] | None = None
 
     # -- connection -----------------------------------------------------------
 
@@ -141,6 +143,8 @@ class Worker:
         rows.sort(key=lambda r: (-r[9], r[12], r[0]))
         jobs = []
         claimed: dict[tuple[str, str], int] = {}
+        waits: dict[tuple[str, str], list[float]] = {}
+        now = time.time()
         for row in rows:
             (job_id, queue, kind, payload, status, attempt, max_attempts, _reclaims, _max_reclaims,
              _priority, dedupe_key, _created_at, run_at, last_error, prev_status, lease_left) = row
@@ -162,11 +166,12 @@ class Worker:
                           enforce_deadline=self.settings.renew)
             if self.heartbeat is not None and self.settings.renew:
                 self.heartbeat.track(lease)
-            metrics.of(metrics.JOB_WAIT, queue, kind).observe(max(0.0, time.time() - run_at.timestamp()))
-            jobs.append(Job(job_id, kind, queue, attempt, payload, lease, max_attempts, dedupe_key,
+            waits.setdefault((queue, kind), []).append(max(0.0, now - run_at.timestamp()))
+            jobs.append(Job(job_id, kind, queue, attempt, RawJSON(payload), lease, max_attempts, dedupe_key,
                             conn=self.conn, fence=self.settings.fence))
         for (queue, kind), count in claimed.items():   # once per batch, not per job
             metrics.of(metrics.JOBS_CLAIMED, queue, kind).inc(count)
+            metrics.observe_many(metrics.of(metrics.JOB_WAIT, queue, kind), waits[queue, kind])
         return jobs
 
     # -- run one job ----------------------------------------------------------
@@ -188,7 +193,11 @@ class Worker:
         finally:
             if self.heartbeat is not None and outcome != DEFERRED:
                 self.heartbeat.untrack(job.lease)
-            metrics.of(metrics.JOB_DURATION, job.queue, job.kind).observe(time.monotonic() - started)
+            elapsed = time.monotonic() - started
+            if self._durations is not None:   # in a batch: observed together at its end
+                self._durations.setdefault((job.queue, job.kind), []).append(elapsed)
+            else:
+                metrics.of(metrics.JOB_DURATION, job.queue, job.kind).observe(elapsed)
             if self.on_job:
                 self.on_job(None)
         if outcome != DEFERRED:
@@ -338,6 +347,7 @@ class Worker:
         jobs = self.claim()
         deferred: list[Job] = []
         oldest = 0.0
+        self._durations = {}
         try:
             for index, job in enumerate(jobs):
                 # Asked to stop: the job in hand runs, the rest go back.
@@ -353,7 +363,12 @@ class Worker:
                 if deferred and time.monotonic() - oldest >= DEFER_MAX:
                     self.complete_deferred(deferred)
         finally:
-            self.complete_deferred(deferred)
+            try:
+                self.complete_deferred(deferred)
+            finally:
+                durations, self._durations = self._durations, None
+                for (queue, kind), values in durations.items():
+                    metrics.observe_many(metrics.of(metrics.JOB_DURATION, queue, kind), values)
         return len(jobs)
 
     def run(self, *, burst: bool = False, max_jobs: int | None = None) -> Stats:

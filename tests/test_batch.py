@@ -81,3 +81,67 @@ def test_the_worker_prepares_its_statements_unless_told_not_to(conn, make_worker
     assert unprepared.run_once() == 1
     assert prepared(unprepared) == []
     assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'done'") == 2
+
+
+def histogram(name: str, queue: str, kind: str) -> dict[str, float]:
+    """The histogram's buckets (by upper bound), _count and _sum."""
+    values = {}
+    for metric in REGISTRY.collect():
+        for s in metric.samples:
+            if s.name.startswith(name) and s.labels.get("queue") == queue and s.labels.get("kind") == kind:
+                key = s.labels["le"] if s.name.endswith("_bucket") else s.name[len(name):]
+                values[key] = s.value
+    return values
+
+
+def test_observe_many_equals_one_observe_per_value():
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from supervisor import metrics
+
+    registry = CollectorRegistry()
+    one = Histogram("one_by_one", "", ["k"], registry=registry)
+    many = Histogram("all_at_once", "", ["k"], registry=registry)
+    # Values on bucket bounds, between them, above the last and zero.
+    values = [0.0, 0.005, 0.0051, 0.01, 0.3, 0.3, 2.5, 7.0, 9.99, 10.0, 11.0, 1e6]
+    for value in values:
+        one.labels("x").observe(value)
+    metrics.observe_many(many.labels("x"), values)
+    metrics.observe_many(many.labels("x"), [])
+
+    def samples(name):
+        return sorted((s.name.removeprefix(name), s.labels.get("le"), s.value)
+                      for m in registry.collect() for s in m.samples
+                      if s.name.startswith(name) and not s.name.endswith("_created"))
+
+    assert samples("one_by_one") == samples("all_at_once")
+    assert ("_count", None, 12.0) in samples("all_at_once")
+
+
+def test_a_batch_observes_every_jobs_wait_and_run_time_and_decodes_payloads_on_demand(conn, make_worker):
+    seen = []
+
+    @handler("reads_payload")
+    def reads_payload(job):
+        seen.append((job.id, job.payload))
+
+    kind_times = {"noop": histogram("pgfence_job_duration_seconds", "default", "noop"),
+                  "reads_payload": histogram("pgfence_job_duration_seconds", "default", "reads_payload")}
+    waits = histogram("pgfence_job_wait_seconds", "default", "noop")
+    noops = [enqueue(conn, "noop", {"n": i}) for i in range(7)]
+    reader = enqueue(conn, "reads_payload", {"order": {"id": 7, "lines": [1, 2]}, "note": "é"})
+    worker = make_worker(batch=8, retention=None)
+    assert worker.run_once() == 8
+    assert worker.stats.outcomes == {"done": 8}
+    assert seen == [(reader, {"order": {"id": 7, "lines": [1, 2]}, "note": "é"})]
+
+    after = histogram("pgfence_job_duration_seconds", "default", "noop")
+    assert after["_count"] == kind_times["noop"].get("_count", 0) + 7
+    assert after["+Inf"] == kind_times["noop"].get("+Inf", 0) + 7
+    # No-op handlers run in far less than a second.
+    assert after["1.0"] == kind_times["noop"].get("1.0", 0) + 7
+    assert histogram("pgfence_job_duration_seconds", "default", "reads_payload")["_count"] == \
+        kind_times["reads_payload"].get("_count", 0) + 1
+    assert histogram("pgfence_job_wait_seconds", "default", "noop")["_count"] == waits.get("_count", 0) + 7
+    assert sorted(r[0] for r in conn.execute("SELECT id FROM pgfence.jobs WHERE status = 'done'")) == \
+        sorted(noops + [reader])

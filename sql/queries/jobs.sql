@@ -5,7 +5,8 @@
 -- token.  A reclaim on the final attempt, or past max_reclaims, turns the job
 -- failed instead of running it again.  prev_status tells reclaims apart.
 -- The verdict is computed from the row versions that FOR UPDATE locked, never
--- from an older snapshot of the same rows.
+-- from an older snapshot of the same rows.  The payload comes back as text:
+-- the worker decodes it only if the handler reads it.
 -- Each queue is read on its own, with queue = one value: the claim index then
 -- yields its rows already in (priority DESC, run_at, id) order and the scan
 -- stops after the batch, so a claim costs the same with ten jobs queued or a
@@ -57,7 +58,7 @@ UPDATE pgfence.jobs j
        last_error  = coalesce(d.verdict, j.last_error)
   FROM decided d
  WHERE j.id = d.id
-RETURNING j.id, j.queue, j.kind, j.payload, j.status, j.attempt, j.max_attempts,
+RETURNING j.id, j.queue, j.kind, j.payload::text, j.status, j.attempt, j.max_attempts,
           j.reclaims, j.max_reclaims, j.priority, j.dedupe_key, j.created_at,
           j.run_at, j.last_error, d.prev_status,
           extract(epoch FROM (j.lease_until - now()))::float8 AS lease_left;
