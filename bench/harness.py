@@ -85,9 +85,11 @@ class Pgfence:
         return f"{commit}{' (modified)' if dirty else ''}{where}"
 
 
-def claim_params(batch: int, worker: str = "bench") -> dict:
+def claim_params(batch: int, worker: str = "bench", reclaim: bool = False) -> dict:
+    """The claim's parameters as a worker sends them; ``reclaim`` false as in
+    all but about one claim a second of each worker."""
     return {"queues": ["default"], "batch": batch, "worker": worker, "lease": 30.0,
-            "lease_kinds": [], "lease_secs": []}
+            "lease_kinds": [], "lease_secs": [], "reclaim": reclaim}
 
 
 # -- the database -------------------------------------------------------------------

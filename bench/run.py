@@ -235,8 +235,9 @@ class Bench:
     def render_pgbench(self, template: str, batch: int) -> Path:
         """A pgbench script from bench/pgbench/TEMPLATE with pgfence's current SQL."""
         queries = self.pgfence.queries()
+        # reclaim false: the claim as a worker sends it but about once a second.
         literals = {"queues": "'{default}'", "batch": str(batch), "worker": "'pgbench'", "lease": "30",
-                    "lease_kinds": "'{}'", "lease_secs": "'{}'"}
+                    "lease_kinds": "'{}'", "lease_secs": "'{}'", "reclaim": "false"}
         if batch == 1:
             select = ("SELECT coalesce(min(id), 0) AS id, coalesce(min(attempt), 0) AS attempt, count(*) AS n "
                       "FROM claimed")

@@ -36,6 +36,10 @@ DONE, RETRIED, FAILED, LOST, RELEASED = "done", "retried", "failed", "lost", "re
 DEFERRED = "deferred"
 #: Seconds a finished job may wait for its batched completion.
 DEFER_MAX = 0.1
+#: At most this many seconds (or a tenth of the lease) between two claims of
+#: a worker that also look for expired leases; the claims in between read
+#: queued jobs alone.
+RECLAIM_SCAN_INTERVAL = 1.0
 
 
 def default_name() -> str:
@@ -77,6 +81,8 @@ class Worker:
             self.heartbeat = HeartbeatManager(dsn, default_lease=settings.lease, interval=settings.heartbeat,
                                               prepare=settings.prepare)
         self._last_prune = time.monotonic()
+        #: When the next claim also looks for expired leases (monotonic).
+        self._next_reclaim_scan = 0.0
         #: Handler run times of the batch in hand, observed at its end.
         self._durations: dict[tuple[str, str], list[float]] | None = None
 
@@ -127,6 +133,12 @@ class Worker:
         specs = registry.specs()
         lease_kinds = [s.kind for s in specs if s.lease is not None]
         lease_secs = [float(s.lease) for s in specs if s.lease is not None]
+        sent_at = time.monotonic()
+        # Expired leases are looked for about once a second, not on every
+        # claim: that scan reads every running job of the queues.
+        reclaim = sent_at >= self._next_reclaim_scan
+        if reclaim:
+            self._next_reclaim_scan = sent_at + min(RECLAIM_SCAN_INTERVAL, self.settings.lease / 10)
         params = {
             "queues": list(self.settings.queues),
             "batch": batch or self.settings.batch,
@@ -134,8 +146,8 @@ class Worker:
             "lease": float(self.settings.lease),
             "lease_kinds": lease_kinds,
             "lease_secs": lease_secs,
+            "reclaim": reclaim,
         }
-        sent_at = time.monotonic()
         with db.translated(self.dsn):
             rows = self.conn.execute(q("claim"), params).fetchall()
         # UPDATE ... RETURNING has no guaranteed order: run the batch in the

@@ -17,9 +17,9 @@ from supervisor.worker import Worker
 
 
 def claim_params(worker: str = "sql", *, queues=("default",), batch: int = 1, lease: float = 30.0,
-                 lease_kinds=(), lease_secs=()) -> dict:
+                 lease_kinds=(), lease_secs=(), reclaim: bool = True) -> dict:
     return {"queues": list(queues), "batch": batch, "worker": worker, "lease": lease,
-            "lease_kinds": list(lease_kinds), "lease_secs": list(lease_secs)}
+            "lease_kinds": list(lease_kinds), "lease_secs": list(lease_secs), "reclaim": reclaim}
 
 
 def clock(conn: psycopg.Connection) -> dt.datetime:
@@ -233,10 +233,61 @@ def test_a_claim_reads_a_batch_not_the_whole_queue(conn):
         plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + q("claim"), params).fetchone()[0][0]["Plan"]
         scans = _scans(plan)
         read = sum(s["Actual Rows"] * s.get("Actual Loops", 1) for s in scans
-                   if s.get("Index Name") == "jobs_claim_idx")
-        assert any(s.get("Index Name") == "jobs_claim_idx" for s in scans), scans
+                   if s.get("Index Name") == "jobs_queued_idx")
+        assert any(s.get("Index Name") == "jobs_queued_idx" for s in scans), scans
         # At most a batch per queue (plus the rows skipped as locked: none here).
         assert read <= 2 * 10, read
     # And the order is still priority first across both queues.
     rows = conn.execute(q("claim"), params).fetchall()
     assert [r[9] for r in rows] == [2] * 10
+
+
+def test_running_jobs_cost_a_claim_nothing_unless_it_looks_for_expired_leases(conn):
+    """500 running jobs (leases valid) sort before the 5 queued ones (and
+    20,000 finished ones make the table big enough for index scans): a claim
+    without reclaim reads the 5 queued rows alone; with reclaim it also
+    walks the running jobs, finds none expired, and claims the same 5."""
+    conn.execute("""INSERT INTO pgfence.jobs (kind, status, attempt, run_at, lease_until, locked_by)
+                    SELECT 'noop', 'running', 1, now() - interval '1 hour', now() + interval '1 hour', 'busy'
+                      FROM generate_series(1, 500)""")
+    conn.execute("""INSERT INTO pgfence.jobs (kind, status, attempt, finished_at)
+                    SELECT 'noop', 'done', 1, now() FROM generate_series(1, 20000)""")
+    queued = [enqueue(conn, "noop") for _ in range(5)]
+    conn.execute("ANALYZE pgfence.jobs")
+
+    def profile(reclaim: bool) -> tuple[dict, list[int]]:
+        params = claim_params(batch=5, reclaim=reclaim)
+        with conn.transaction(force_rollback=True):      # EXPLAIN ANALYZE runs the UPDATE
+            plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + q("claim"), params).fetchone()[0][0]["Plan"]
+        with conn.transaction(force_rollback=True):
+            claimed = sorted(r[0] for r in conn.execute(q("claim"), params))
+        rows = {}
+        for s in _scans(plan):
+            name = s.get("Index Name")
+            rows[name] = rows.get(name, 0) + (s["Actual Rows"] + s.get("Rows Removed by Filter", 0)) * s["Actual Loops"]
+        return rows, claimed
+
+    without, claimed = profile(reclaim=False)
+    assert claimed == queued
+    assert without == {"jobs_queued_idx": 5, "jobs_pkey": 5}
+    with_reclaim, claimed = profile(reclaim=True)
+    assert claimed == queued
+    # The 500 running rows, read through jobs_running_idx or a bitmap scan of it.
+    assert (with_reclaim.pop("jobs_queued_idx"), with_reclaim.pop("jobs_pkey")) == (5, 5)
+    assert sum(with_reclaim.values()) == 500, with_reclaim
+
+
+def test_a_worker_looks_for_expired_leases_at_its_first_claim_then_about_once_a_second(conn, make_worker):
+    first, second = enqueue(conn, "noop"), enqueue(conn, "noop")
+    assert [r[0] for r in conn.execute(q("claim"), claim_params("gone", batch=2))] == [first, second]
+    conn.execute("UPDATE pgfence.jobs SET lease_until = now() - interval '1 second' WHERE id = %s", (first,))
+    worker = make_worker(lease=30.0, retention=None)
+    assert [(j.id, j.attempt) for j in worker.claim()] == [(first, 2)]           # its first claim looks
+
+    conn.execute("UPDATE pgfence.jobs SET lease_until = now() - interval '1 second' WHERE id = %s", (second,))
+    assert worker.claim() == []                 # within the second: queued jobs only
+    reclaimed = wait_for(worker.claim, timeout=5, interval=0.05, message="a claim that looks for expired leases")
+    assert [(j.id, j.attempt) for j in reclaimed] == [(second, 2)]
+    assert [tuple(r) for r in conn.execute(
+        "SELECT id, attempt, reclaims, locked_by FROM pgfence.jobs ORDER BY id")] == [
+        (first, 2, 1, "w1"), (second, 2, 1, "w1")]

@@ -27,7 +27,10 @@ def test_reclaim_and_fenced_rejection_are_counted_across_exited_children(dsn, co
     run.proc.send_signal(signal.SIGHUP)
     wait_for(lambda: not (old & set(worker_pids(run.proc.pid))) and len(worker_pids(run.proc.pid)) == 2,
              timeout=30, message="all workers replaced")
-    parsed = run.scrape()
+    # An old child that has exited but is not yet reaped still counts in the
+    # live gauge until the arbiter reaps it and drops its file.
+    parsed = wait_for(lambda: (lambda p: p if total(p, "pgfence_workers") == 2 else None)(run.scrape()),
+                      timeout=10, message="the exited children's gauge files dropped")
     labels = {"queue": "default", "kind": "stubborn"}
     assert total(parsed, "pgfence_reclaims_total", **labels) == 1
     assert total(parsed, "pgfence_double_run_prevented_total", **labels) == 1

@@ -11,7 +11,8 @@ import pytest
 from pgtools import pgfence, scalar, spawn, wait_for
 from supervisor import migrate
 
-EXPECTED_MIGRATIONS = [(1, "jobs"), (2, "handler_tables"), (3, "jobs_fillfactor"), (4, "complete_fenced")]
+EXPECTED_MIGRATIONS = [(1, "jobs"), (2, "handler_tables"), (3, "jobs_fillfactor"), (4, "complete_fenced"),
+                       (5, "claim_indexes")]
 
 
 def schema_dump(conn: psycopg.Connection, *, with_applied_at: bool = True) -> dict:
@@ -85,7 +86,8 @@ def test_concurrent_migrators_apply_the_schema_once(empty_dsn, dsn):
 
         assert [(rc, err) for _out, err, rc in results] == [(0, ""), (0, "")]
         assert sorted(out for out, _err, _rc in results) == sorted(
-            ["applied 0001_jobs\napplied 0002_handler_tables\napplied 0003_jobs_fillfactor\napplied 0004_complete_fenced\n",
+            ["applied 0001_jobs\napplied 0002_handler_tables\napplied 0003_jobs_fillfactor\napplied 0004_complete_fenced\n"
+             "applied 0005_claim_indexes\n",
              "schema up to date\n"])
         assert holder.execute("SELECT version, name FROM pgfence.migrations ORDER BY version").fetchall() == \
             EXPECTED_MIGRATIONS
@@ -149,9 +151,12 @@ def test_jobs_table_has_the_declared_columns(conn):
          WHERE conrelid = 'pgfence.jobs'::regclass AND conname = 'jobs_status_check'""")
     assert re.findall(r"'(\w+)'::text", check) == ["queued", "running", "done", "failed", "cancelled"]
 
-    claim_idx = scalar(conn, "SELECT indexdef FROM pg_indexes WHERE indexname = 'jobs_claim_idx'")
-    assert "(queue, priority DESC, run_at, id)" in claim_idx
-    assert re.findall(r"'(\w+)'::text", claim_idx) == ["queued", "running"]
+    assert scalar(conn, "SELECT count(*) FROM pg_indexes WHERE indexname = 'jobs_claim_idx'") == 0
+    for name, status in (("jobs_queued_idx", "queued"), ("jobs_running_idx", "running")):
+        indexdef = scalar(conn, "SELECT indexdef FROM pg_indexes WHERE indexname = %s", (name,))
+        assert "(queue, priority DESC, run_at, id)" in indexdef
+        assert re.findall(r"'(\w+)'::text", indexdef) == [status]
+        assert "lease_until" not in indexdef        # renewals stay HOT
 
 
 def test_status_check_constraint_enforced(conn):

@@ -13,7 +13,7 @@ from supervisor.slots import FREE, ORPHANED_CRASH, ORPHANED_STOP, SlotTable
 
 def claim_as(conn, owner: str, n: int = 1) -> list[tuple[int, int]]:
     rows = conn.execute(q("claim"), {"queues": ["default"], "batch": n, "worker": owner, "lease": 30.0,
-                                     "lease_kinds": [], "lease_secs": []}).fetchall()
+                                     "lease_kinds": [], "lease_secs": [], "reclaim": True}).fetchall()
     return [(r[0], r[5]) for r in rows]
 
 

@@ -1,31 +1,44 @@
 -- name: claim
 -- Claim up to %(batch)s jobs from %(queues)s: queued jobs whose run_at has
--- come and running jobs whose lease has expired (reclaims), highest priority
--- first, then oldest run_at, then id.  Every claim bumps attempt, the fencing
--- token.  A reclaim on the final attempt, or past max_reclaims, turns the job
--- failed instead of running it again.  prev_status tells reclaims apart.
+-- come and, when %(reclaim)s, running jobs whose lease has expired
+-- (reclaims), highest priority first, then oldest run_at, then id.  Every
+-- claim bumps attempt, the fencing token.  A reclaim on the final attempt,
+-- or past max_reclaims, turns the job failed instead of running it again.
+-- prev_status tells reclaims apart.
 -- The verdict is computed from the row versions that FOR UPDATE locked, never
 -- from an older snapshot of the same rows.  The payload comes back as text:
 -- the worker decodes it only if the handler reads it.
--- Each queue is read on its own, with queue = one value: the claim index then
+-- Each queue is read on its own, with queue = one value: an index then
 -- yields its rows already in (priority DESC, run_at, id) order and the scan
 -- stops after the batch, so a claim costs the same with ten jobs queued or a
 -- million.  (queue = ANY(array) makes PostgreSQL read every live row of the
--- queues and sort them, for each claim.)  The queues' heads are then merged.
+-- queues and sort them, for each claim.)  Queued jobs come from an index of
+-- queued jobs alone, so running jobs cost the claim nothing; running jobs
+-- are read, for expired leases, only when the worker asks (%(reclaim)s,
+-- about once a second): with it false PostgreSQL skips that scan.  Each
+-- queue's heads are then merged.
 WITH candidates AS (
     SELECT c.*
       FROM unnest(%(queues)s::text[]) AS wanted(queue)
      CROSS JOIN LATERAL (
-        SELECT id, status AS prev_status, attempt, max_attempts,
-               reclaims + (status = 'running')::int AS new_reclaims, max_reclaims,
-               priority, run_at
-          FROM pgfence.jobs
-         WHERE queue = wanted.queue
-           AND ((status = 'queued' AND run_at <= now())
-             OR (status = 'running' AND lease_until < now()))
-         ORDER BY priority DESC, run_at, id
-         LIMIT %(batch)s
-           FOR UPDATE SKIP LOCKED
+        SELECT * FROM (
+            SELECT id, status AS prev_status, attempt, max_attempts,
+                   reclaims AS new_reclaims, max_reclaims, priority, run_at
+              FROM pgfence.jobs
+             WHERE queue = wanted.queue AND status = 'queued' AND run_at <= now()
+             ORDER BY priority DESC, run_at, id
+             LIMIT %(batch)s
+               FOR UPDATE SKIP LOCKED) AS queued
+        UNION ALL
+        SELECT * FROM (
+            SELECT id, status, attempt, max_attempts,
+                   reclaims + 1, max_reclaims, priority, run_at
+              FROM pgfence.jobs
+             WHERE %(reclaim)s::boolean
+               AND queue = wanted.queue AND status = 'running' AND lease_until < now()
+             ORDER BY priority DESC, run_at, id
+             LIMIT %(batch)s
+               FOR UPDATE SKIP LOCKED) AS expired
      ) c
      ORDER BY c.priority DESC, c.run_at, c.id
      LIMIT %(batch)s
