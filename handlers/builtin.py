@@ -52,6 +52,6 @@ def effect(job: Job) -> None:
     """Works for ``payload.seconds`` then writes one effect row through the
     fence.  Two rows for one job would be a double run."""
     work_for(job, _seconds(job))
-    with job.fenced(pipeline=True) as conn:
-        conn.execute(q("insert_effect"), {"job_id": job.id, "attempt": job.attempt,
-                                          "key": job.idempotency_key, "worker": str(os.getpid())})
+    with job.fenced_writes() as writes:
+        writes.execute(q("insert_effect"), {"job_id": job.id, "attempt": job.attempt,
+                                            "key": job.idempotency_key, "worker": str(os.getpid())})

@@ -62,8 +62,8 @@ def send_receipt(job: Job) -> None:
     work_for(job, float(payload.get("render_seconds", 0)))   # render
     job.check()                                              # last look before the effect
     status = send(job, payload)
-    with job.fenced(pipeline=True) as conn:
-        conn.execute(q("insert_receipt"), {
+    with job.fenced_writes() as writes:
+        writes.execute(q("insert_receipt"), {
             "job_id": job.id, "attempt": job.attempt, "key": job.idempotency_key,
             "order_id": str(payload["order_id"]), "email": str(payload["email"]),
             "amount_cents": payload.get("amount_cents"), "sent_status": status,

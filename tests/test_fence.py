@@ -22,6 +22,7 @@ import threading
 import time
 
 import psycopg
+from psycopg.types.json import Json
 import pytest
 from prometheus_client import REGISTRY
 
@@ -623,3 +624,89 @@ def test_pipelined_block_keeps_savepoints_and_forbids_an_early_commit(dsn, conn)
     assert effects(conn) == [(job.id, 1, "attempt-1")]
     assert [r[0] for r in conn.execute("SELECT k FROM pipe_once ORDER BY k")] == ["mine", "taken"]
     assert (status(conn, job.id), owner(conn, other.id)) == ("done", (1, "owner"))
+
+
+# -- write-only blocks: Job.fenced_writes() ------------------------------------------
+
+
+def test_fenced_writes_send_the_block_and_the_completion_as_one_message(dsn, conn, tmp_path):
+    """Two queued inserts (values with quotes, a percent sign and JSON), the
+    completion and COMMIT: one Query message, one ReadyForQuery, one
+    transaction; the values arrive exactly as given."""
+    queue = "writes-ok"
+    trace = tmp_path / "libpq.trace"
+    conn.execute("CREATE TABLE writes_seen (job_id bigint, note text, doc jsonb)")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        job = claimed_job(conn, c, queue)
+        with protocol_trace(c, trace):
+            with job.fenced_writes() as writes:
+                writes.execute("INSERT INTO writes_seen VALUES (%s, %s, %s)",
+                               (job.id, "it's 100% done; DROP TABLE x --", Json({"a": [1, "b'c"]})))
+                writes.execute(q("insert_effect"), {"job_id": job.id, "attempt": job.attempt,
+                                                    "key": job.idempotency_key, "worker": "attempt-1"})
+                assert trace.read_text() == ""          # nothing sent inside the block
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    messages = [line.split("\t")[0::2][:2] for line in trace.read_text().splitlines()
+                if line[:2] in ("F\t", "B\t")]
+    assert [name for way, name in messages if way == "F"] == ["Query"]
+    assert [name for way, name in messages].count("ReadyForQuery") == 1
+    assert job.completed
+    assert [tuple(r) for r in conn.execute("SELECT job_id, note, doc FROM writes_seen")] == [
+        (job.id, "it's 100% done; DROP TABLE x --", {"a": [1, "b'c"]})]
+    assert effects(conn) == [(job.id, 1, "attempt-1")]
+    xids = {r[0] for r in conn.execute("SELECT xmin::text FROM writes_seen UNION ALL "
+                                       "SELECT xmin::text FROM pgfence.effects UNION ALL "
+                                       "SELECT xmin::text FROM pgfence.jobs WHERE id = %s", (job.id,))}
+    assert len(xids) == 1
+    row = job_row(conn, job.id)
+    assert (row["status"], row["attempt"], row["locked_by"]) == ("done", 1, None)
+
+
+def test_fenced_writes_of_a_reclaimed_attempt_keep_nothing(dsn, conn):
+    queue, kind = "writes-stale", "effect"
+    prevented = sample("pgfence_double_run_prevented_total", queue=queue, kind=kind)
+    lost = sample("pgfence_lease_lost_total", queue=queue, kind=kind, reason="fence_rejected")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        job = claimed_job(conn, c, queue, kind)
+        expire(conn, job.id)
+        assert claim(conn, "reclaimer", queue=queue) == [(job.id, 2, "running")]
+        with pytest.raises(LeaseLost) as raised:
+            with job.fenced_writes() as writes:
+                insert_effect(writes, job)
+        assert (raised.value.job_id, raised.value.attempt, raised.value.reason) == (job.id, 1, "fence_rejected")
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert c.execute("SELECT 41 + 1").fetchone() == (42,)
+    assert (job.completed, job.lease.lost_reason) == (False, "fence_rejected")
+    assert effects(conn) == []
+    assert owner(conn, job.id) == (2, "reclaimer")
+    assert sample("pgfence_double_run_prevented_total", queue=queue, kind=kind) == prevented + 1
+    assert sample("pgfence_lease_lost_total", queue=queue, kind=kind, reason="fence_rejected") == lost + 1
+
+
+def test_fenced_writes_with_a_failing_statement_or_a_raising_block_keep_nothing(dsn, conn, tmp_path):
+    """A statement that fails on the server: its error is raised, the insert
+    before it and the completion are rolled back.  A block that raises:
+    nothing at all is sent.  Either way the job still runs as attempt 1."""
+    queue = "writes-error"
+    trace = tmp_path / "libpq.trace"
+    with psycopg.connect(dsn, autocommit=True) as c:
+        job = claimed_job(conn, c, queue)
+        with pytest.raises(PgfenceError, match="division by zero"):
+            with job.fenced_writes() as writes:
+                insert_effect(writes, job)
+                writes.execute("SELECT 1 / %s", (0,))
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        with protocol_trace(c, trace):
+            with pytest.raises(ValueError, match="card declined"):
+                with job.fenced_writes() as writes:
+                    insert_effect(writes, job)
+                    raise ValueError("card declined")
+        assert trace.read_text() == ""
+        assert not job.completed and job.lease.lost_reason is None
+        assert effects(conn) == []
+        assert owner(conn, job.id) == (1, "owner")
+        with job.fenced_writes() as writes:
+            insert_effect(writes, job)
+    assert job.completed
+    assert effects(conn) == [(job.id, 1, "attempt-1")]
+    assert status(conn, job.id) == "done"
