@@ -120,10 +120,7 @@ class Job:
         ``conn.transaction()`` still works (a savepoint, with its own round
         trip).
         """
-        if self.conn is None:
-            raise RuntimeError("this job is not attached to a worker connection")
-        if self.completed:
-            raise RuntimeError(f"job {self.id} is already completed")
+        self._check_open()
         if pipeline:
             with self._pipelined() as conn:
                 yield conn
@@ -148,21 +145,9 @@ class Job:
         # server-side.  Transaction() still guards the block: conn.commit()
         # inside it raises, and a nested transaction() is a savepoint.
         conn = self.conn
-        try:
-            with db.translated(), conn.pipeline(), psycopg.Transaction(conn):
-                yield conn
-                if self.fence:
-                    conn.execute(q("complete_or_raise"), {"id": self.id, "attempt": self.attempt})
-                else:
-                    conn.execute(q("complete_unfenced"), {"id": self.id})
-        except BaseException as exc:
-            rejected = _sqlstate(exc) in (FENCE_REJECTED, "40001")
-            self._roll_back()
-            if rejected:
-                self._rejected()
-                raise LeaseLost(self.id, self.attempt, "fence_rejected") from None
-            raise
-        self.completed = True
+        with self._raising_fence(), conn.pipeline(), psycopg.Transaction(conn):
+            yield conn
+            conn.execute(*self._raising_completion())
 
     @contextlib.contextmanager
     def fenced_writes(self) -> Iterator[Writes]:
@@ -180,22 +165,30 @@ class Job:
         or a statement fails, nothing is kept, and :class:`LeaseLost` (or the
         error) is raised at the end of the block.
         """
-        if self.conn is None:
-            raise RuntimeError("this job is not attached to a worker connection")
-        if self.completed:
-            raise RuntimeError(f"job {self.id} is already completed")
+        self._check_open()
         writes = Writes()
         yield writes
+        writes.execute(*self._raising_completion())
+        with self._raising_fence(), psycopg.ClientCursor(self.conn) as cursor:
+            script = b"; ".join([b"BEGIN", *(cursor.mogrify(query, params).strip().rstrip(";").encode()
+                                            for query, params in writes.statements), b"COMMIT"])
+            cursor.execute(script)
+
+    def _raising_completion(self) -> tuple[str, dict]:
+        """The completion that raises PF001 when the fence refuses (or, in
+        the demo's unprotected mode, completes by id alone)."""
         if self.fence:
-            writes.execute(q("complete_or_raise"), {"id": self.id, "attempt": self.attempt})
-        else:
-            writes.execute(q("complete_unfenced"), {"id": self.id})
-        cursor = psycopg.ClientCursor(self.conn)
+            return q("complete_or_raise"), {"id": self.id, "attempt": self.attempt}
+        return q("complete_unfenced"), {"id": self.id}
+
+    @contextlib.contextmanager
+    def _raising_fence(self) -> Iterator[None]:
+        """Around a block sent in one round trip with the raising
+        completion: a refusal becomes LeaseLost, any error ends the aborted
+        transaction, success marks the job completed."""
         try:
             with db.translated():
-                script = b"; ".join([b"BEGIN", *(cursor.mogrify(query, params).strip().rstrip(";").encode()
-                                                for query, params in writes.statements), b"COMMIT"])
-                cursor.execute(script)
+                yield
         except BaseException as exc:
             rejected = _sqlstate(exc) in (FENCE_REJECTED, "40001")
             self._roll_back()
@@ -203,9 +196,13 @@ class Job:
                 self._rejected()
                 raise LeaseLost(self.id, self.attempt, "fence_rejected") from None
             raise
-        finally:
-            cursor.close()
         self.completed = True
+
+    def _check_open(self) -> None:
+        if self.conn is None:
+            raise RuntimeError("this job is not attached to a worker connection")
+        if self.completed:
+            raise RuntimeError(f"job {self.id} is already completed")
 
     def _roll_back(self) -> None:
         """After an error in a pipelined block the server holds an aborted
