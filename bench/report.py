@@ -85,11 +85,12 @@ def goals(series: dict[str, Series], metrics: dict) -> list[dict]:
             r = eff / one.rate
             goal(f"effect jobs vs one-job pgbench at {clients}", f">= {GOALS['effect_vs_pgbench_one']:.0%}", r,
                  r >= GOALS["effect_vs_pgbench_one"], f"{eff:,.0f} ({series[ek].config}) / {one.rate:,.0f}", "%")
-        # Like for like: one job per claim, as pgbench's script claims.
+        # A stretch goal of our own, not the issue's: like for like, one job
+        # per claim, as pgbench's script claims.
         single = series.get(f"pgfence_effect_w{clients}_b1")
         if single and single.runs and one and one.runs:
             r = single.rate / one.rate
-            goal(f"effect jobs at --batch 1 vs one-job pgbench at {clients}",
+            goal(f"stretch (not an issue goal): effect jobs at --batch 1 vs one-job pgbench at {clients}",
                  f">= {GOALS['effect_vs_pgbench_one']:.0%}", r, r >= GOALS["effect_vs_pgbench_one"],
                  f"{single.rate:,.0f} ({single.config}) / {one.rate:,.0f}", "%")
     p = metrics.get("pickup")
