@@ -535,11 +535,17 @@ def test_pipelined_block_commits_writes_and_completion_in_one_round_trip(dsn, co
     assert (row["status"], row["attempt"], row["locked_by"], row["lease_until"]) == ("done", 1, None, None)
 
 
-def test_pipelined_block_of_a_reclaimed_attempt_is_rolled_back(dsn, conn):
+def one_round_trip_block(job: Job, how: str):
+    """The two blocks sent in one round trip with the raising completion."""
+    return job.fenced(pipeline=True) if how == "pipelined" else job.fenced_writes()
+
+
+@pytest.mark.parametrize("how", ["pipelined", "fenced_writes"])
+def test_one_round_trip_block_of_a_reclaimed_attempt_is_rolled_back(dsn, conn, how):
     """Another attempt owns the job (the reclaim committed): the completion
     raises PF001 on the server, the queued COMMIT is skipped, nothing of the
     block stays, and the connection is usable again."""
-    queue, kind = "pipe-stale", "effect"
+    queue, kind = f"stale-{how}", "effect"
     prevented = sample("pgfence_double_run_prevented_total", queue=queue, kind=kind)
     lost = sample("pgfence_lease_lost_total", queue=queue, kind=kind, reason="fence_rejected")
     with psycopg.connect(dsn, autocommit=True) as c:
@@ -547,7 +553,7 @@ def test_pipelined_block_of_a_reclaimed_attempt_is_rolled_back(dsn, conn):
         expire(conn, job.id)
         assert claim(conn, "reclaimer", queue=queue) == [(job.id, 2, "running")]
         with pytest.raises(LeaseLost) as raised:
-            with job.fenced(pipeline=True) as tx:
+            with one_round_trip_block(job, how) as tx:
                 insert_effect(tx, job)
         assert (raised.value.job_id, raised.value.attempt, raised.value.reason) == (job.id, 1, "fence_rejected")
         assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
@@ -660,27 +666,6 @@ def test_fenced_writes_send_the_block_and_the_completion_as_one_message(dsn, con
     assert len(xids) == 1
     row = job_row(conn, job.id)
     assert (row["status"], row["attempt"], row["locked_by"]) == ("done", 1, None)
-
-
-def test_fenced_writes_of_a_reclaimed_attempt_keep_nothing(dsn, conn):
-    queue, kind = "writes-stale", "effect"
-    prevented = sample("pgfence_double_run_prevented_total", queue=queue, kind=kind)
-    lost = sample("pgfence_lease_lost_total", queue=queue, kind=kind, reason="fence_rejected")
-    with psycopg.connect(dsn, autocommit=True) as c:
-        job = claimed_job(conn, c, queue, kind)
-        expire(conn, job.id)
-        assert claim(conn, "reclaimer", queue=queue) == [(job.id, 2, "running")]
-        with pytest.raises(LeaseLost) as raised:
-            with job.fenced_writes() as writes:
-                insert_effect(writes, job)
-        assert (raised.value.job_id, raised.value.attempt, raised.value.reason) == (job.id, 1, "fence_rejected")
-        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        assert c.execute("SELECT 41 + 1").fetchone() == (42,)
-    assert (job.completed, job.lease.lost_reason) == (False, "fence_rejected")
-    assert effects(conn) == []
-    assert owner(conn, job.id) == (2, "reclaimer")
-    assert sample("pgfence_double_run_prevented_total", queue=queue, kind=kind) == prevented + 1
-    assert sample("pgfence_lease_lost_total", queue=queue, kind=kind, reason="fence_rejected") == lost + 1
 
 
 def test_fenced_writes_with_a_failing_statement_or_a_raising_block_keep_nothing(dsn, conn, tmp_path):
