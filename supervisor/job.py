@@ -205,9 +205,9 @@ class Job:
             raise RuntimeError(f"job {self.id} is already completed")
 
     def _roll_back(self) -> None:
-        """After an error in a pipelined block the server holds an aborted
-        transaction (its COMMIT was skipped): end it, if the connection
-        still stands."""
+        """After an error in a block sent in one round trip (pipelined or
+        fenced_writes) the server holds an aborted transaction (its COMMIT
+        was skipped): end it, if the connection still stands."""
         conn = self.conn
         if conn.closed or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             return
