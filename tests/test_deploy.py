@@ -38,6 +38,8 @@ UNIT = SYSTEMD / "pgfence.service"
 ENV_EXAMPLE = SYSTEMD / "pgfence.env.example"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
+LICENSE = ROOT / "LICENSE"
+GRAFANA_DATASOURCES = ROOT / "grafana" / "provisioning" / "datasources" / "prometheus.yaml"
 
 INSTALLED_PGFENCE = "/opt/pgfence/bin/pgfence"
 METRICS_PORT = 9464
@@ -526,3 +528,24 @@ def test_dockerfile_healthcheck_command_follows_healthz():
             server.server_close()
         assert paths == ["/healthz"]
     assert run(server.server_address[1]) != 0          # nothing listening any more
+
+
+# -- Licence and the example Grafana data source ------------------------------------
+
+
+def test_licence_file_is_the_mit_licence_the_package_declares():
+    text = LICENSE.read_text()
+    assert text.splitlines()[:3] == ["MIT License", "", "Copyright (c) 2026 the pgfence developers"]
+    assert "Permission is hereby granted, free of charge" in text
+    assert 'THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND' in text
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"] == "MIT"
+
+
+def test_example_grafana_datasource_is_not_the_default():
+    """Provisioned into an existing Grafana, the example must neither become
+    its default data source nor take over one it already has by name."""
+    provisioned = yaml.safe_load(GRAFANA_DATASOURCES.read_text())
+    [source] = provisioned["datasources"]
+    assert source["isDefault"] is False
+    assert (source["name"], source["uid"], source["type"]) == ("pgfence Prometheus", "pgfence-prometheus",
+                                                              "prometheus")
