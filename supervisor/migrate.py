@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources.abc import Traversable
 
 import psycopg
 
 from . import db
-from .queries import q, sql_dir
+from .queries import q, sql_files
 
 #: The advisory lock key that serialises migrators ("pgfence" in ASCII).
 LOCK_KEY = 0x7067666E6365
@@ -27,19 +27,20 @@ _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 class Migration:
     version: int
     name: str
-    path: Path
+    #: The file, read through importlib.resources (it may sit in a wheel).
+    path: Traversable
 
     def sql(self) -> str:
-        return self.path.read_text()
+        return self.path.read_text(encoding="utf-8")
 
 
 def available() -> list[Migration]:
     found = []
-    for path in sorted((sql_dir() / "migrations").glob("*.sql")):
-        match = _FILE.match(path.name)
+    for file in sql_files("migrations"):
+        match = _FILE.match(file.name)
         if not match:
-            raise ValueError(f"migration file name not NNNN_name.sql: {path.name}")
-        found.append(Migration(int(match.group(1)), match.group(2), path))
+            raise ValueError(f"migration file name not NNNN_name.sql: {file.name}")
+        found.append(Migration(int(match.group(1)), match.group(2), file))
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):
         raise ValueError("two migrations share a version number")

@@ -10,21 +10,39 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import re
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 _NAME = re.compile(r"^--\s*name:\s*(\S+)\s*$")
 
+#: The repository's ``sql/``, next to ``supervisor/`` in a source checkout.
+_CHECKOUT_SQL = Path(__file__).resolve().parent.parent / "sql"
 
-def sql_dir() -> Path:
-    """The folder holding ``migrations/`` and ``queries/``.
 
-    In a source checkout (or an editable install) it is the repository's
-    ``sql/``; in an installed wheel it is packaged as ``supervisor/sql``.
+def sql_dir() -> Traversable:
+    """The folder holding ``migrations/`` and ``queries/``, as a Traversable.
+
+    An installed wheel packages it as ``supervisor/sql``, a namespace package
+    that ``importlib.resources`` opens as a ``MultiplexedPath``: read it only
+    through the Traversable API (``joinpath``, ``iterdir``, ``read_text``),
+    never through its text.  In a source checkout (``python -m supervisor``
+    with the repository on ``PYTHONPATH``) and in an editable install,
+    ``supervisor.sql`` cannot be imported (setuptools' editable finder maps
+    only top-level namespaces), so the repository's ``sql/`` is used; it is
+    looked at only then, never in an installed tree.
     """
-    here = Path(__file__).resolve().parent.parent / "sql"
-    if (here / "queries").is_dir():
-        return here
-    return Path(str(importlib.resources.files("supervisor.sql")))
+    try:
+        return importlib.resources.files("supervisor.sql")
+    except ModuleNotFoundError:
+        if _CHECKOUT_SQL.joinpath("queries").is_dir():
+            return _CHECKOUT_SQL
+        raise
+
+
+def sql_files(folder: str) -> list[Traversable]:
+    """The ``.sql`` files of ``sql/<folder>``, sorted by name."""
+    found = [f for f in sql_dir().joinpath(folder).iterdir() if f.name.endswith(".sql") and f.is_file()]
+    return sorted(found, key=lambda f: f.name)
 
 
 def parse(text: str) -> dict[str, str]:
@@ -51,8 +69,8 @@ def parse(text: str) -> dict[str, str]:
 @functools.cache
 def all_queries() -> dict[str, str]:
     queries: dict[str, str] = {}
-    for path in sorted((sql_dir() / "queries").glob("*.sql")):
-        for name, sql in parse(path.read_text()).items():
+    for file in sql_files("queries"):
+        for name, sql in parse(file.read_text(encoding="utf-8")).items():
             if name in queries:
                 raise ValueError(f"query {name!r} defined twice")
             queries[name] = sql

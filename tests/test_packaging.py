@@ -1,0 +1,129 @@
+"""pgfence as users install it: a wheel, not the source checkout.
+
+The test venv holds the repository as an editable install (a ``.pth`` file
+and a meta-path finder), which would shadow the wheel.  So the wheel is
+unzipped into a folder of its own (which is what installing a pure-Python
+wheel does) and run as ``python -S -m supervisor``: ``-S`` skips ``site``, so
+no ``.pth`` runs, and ``PYTHONPATH`` names the unzipped wheel first and the
+venv's site-packages (for psycopg and the other dependencies) after it.  The
+commands run from a folder outside the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pgtools import ROOT
+from supervisor import migrate
+
+#: What the Dockerfile copies into its build stage: all a wheel is built from.
+SOURCES = ["pyproject.toml", "README.md", "LICENSE", "supervisor", "handlers", "sql"]
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    """A wheel built from a copy of the sources the Dockerfile copies (so a
+    stale ``build/`` of the checkout cannot leak into it)."""
+    src = tmp_path_factory.mktemp("wheel-src")
+    for name in SOURCES:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(source, src / name)
+    out = tmp_path_factory.mktemp("wheel-dist")
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out),
+                            str(src)], capture_output=True, text=True, timeout=300, cwd=out)
+    assert built.returncode == 0, built.stdout + built.stderr
+    [whl] = out.glob("pgfence-*.whl")
+    return whl
+
+
+@pytest.fixture(scope="session")
+def installed(wheel, tmp_path_factory) -> Path:
+    """The wheel unzipped: its packages, as an installer lays them out."""
+    target = tmp_path_factory.mktemp("wheel-installed")
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(target)
+    return target
+
+
+def run_installed(installed: Path, cwd: Path, *args: str, dsn: str | None = None,
+                  timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PGFENCE_") and k not in ("DATABASE_URL", "PYTHONPATH")}
+    env["PYTHONPATH"] = os.pathsep.join([str(installed), *site.getsitepackages()])
+    env["PGFENCE_METRICS_PORT"] = "0"
+    if dsn:
+        env["PGFENCE_DSN"] = dsn
+    return subprocess.run([sys.executable, "-S", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_wheel_holds_the_sql_licence_and_entry_point(wheel):
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        entry_points = zf.read("pgfence-0.1.0.dist-info/entry_points.txt").decode()
+        metadata = zf.read("pgfence-0.1.0.dist-info/METADATA").decode()
+    migrations = {f"supervisor/sql/migrations/{m.version:04d}_{m.name}.sql" for m in migrate.available()}
+    queries = {f"supervisor/sql/queries/{p.name}" for p in (ROOT / "sql" / "queries").glob("*.sql")}
+    assert migrations and migrations <= names, migrations - names
+    assert queries and queries <= names, queries - names
+    assert {n for n in names if n.endswith(".sql")} == migrations | queries
+    # Nothing of the checkout's layout: no top-level sql/, no tests.
+    assert not [n for n in names if n.startswith(("sql/", "tests/"))]
+    assert "pgfence-0.1.0.dist-info/licenses/LICENSE" in names
+    assert "License-Expression: MIT" in metadata
+    assert "pgfence = supervisor.cli:main" in entry_points
+
+
+def test_installed_wheel_migrates_reports_and_works_outside_the_repository(installed, empty_dsn, tmp_path):
+    """The regression: a non-editable install failed with KeyError
+    'migrations_lock' / 'status_counts' (the SQL folder was a
+    ``MultiplexedPath('...')`` turned into a Path through its text)."""
+    migrated = run_installed(installed, tmp_path, "-m", "supervisor", "migrate", dsn=empty_dsn)
+    assert migrated.returncode == 0, migrated.stderr
+    assert migrated.stdout.splitlines() == [f"applied {m.version:04d}_{m.name}" for m in migrate.available()]
+
+    again = run_installed(installed, tmp_path, "-m", "supervisor", "migrate", dsn=empty_dsn)
+    assert (again.returncode, again.stdout) == (0, "schema up to date\n"), again.stderr
+
+    status = run_installed(installed, tmp_path, "-m", "supervisor", "status", "--json", dsn=empty_dsn)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout) == {"queues": {}, "running": []}
+
+    ids = []
+    for n in range(3):
+        enqueued = run_installed(installed, tmp_path, "-m", "supervisor", "enqueue", "noop",
+                                 "--payload", json.dumps({"n": n}), dsn=empty_dsn)
+        assert enqueued.returncode == 0, enqueued.stderr
+        ids.append(int(enqueued.stdout))
+    assert len(set(ids)) == 3
+
+    worked = run_installed(installed, tmp_path, "-m", "supervisor", "work", "--burst", "--retention", "none",
+                           dsn=empty_dsn)
+    assert worked.returncode == 0, worked.stderr
+
+    status = run_installed(installed, tmp_path, "-m", "supervisor", "status", "--json", dsn=empty_dsn)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout) == {"queues": {"default": {"done": 3}}, "running": []}
+
+    # The commands above ran the wheel's code and SQL, not the checkout's.
+    where = run_installed(installed, tmp_path, "-c", "import supervisor, supervisor.queries as q; "
+                          "print(supervisor.__file__); print(type(q.sql_dir()).__name__)")
+    assert where.returncode == 0, where.stderr
+    module_file, sql_dir_type = where.stdout.split()
+    assert Path(module_file) == installed / "supervisor" / "__init__.py"
+    assert sql_dir_type == "MultiplexedPath"
+
+    # Nothing was written into the folder the commands ran from.
+    assert list(tmp_path.iterdir()) == []
