@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("dsn", help="print the DSN in use (password removed)")
     _common(p)
+
+    p = sub.add_parser("embedded", help="the embedded PostgreSQL of this user: status, or stop it")
+    p.add_argument("action", choices=("status", "stop"))
     return parser
 
 
@@ -147,7 +150,21 @@ def _dsn(args: argparse.Namespace) -> tuple[str, bool]:
     dsn = db.resolve_dsn(args.dsn)
     if dsn:
         return dsn, False
-    return embedded.start(), True
+    return _embedded_dsn(), True
+
+
+def _embedded_dsn() -> str:
+    """Start or find this user's embedded server, and say where it lives
+    (one line on stderr, so that stdout stays the command's own)."""
+    pgdata = embedded.data_dir()
+    was_running = embedded.state(pgdata).running
+    dsn = embedded.start(pgdata)
+    if was_running:
+        print(f"pgfence: using the embedded PostgreSQL in {pgdata}", file=sys.stderr)
+    else:
+        print(f"pgfence: started the embedded PostgreSQL in {pgdata}; it keeps running "
+              "('pgfence embedded stop' stops it)", file=sys.stderr)
+    return dsn
 
 
 def _connect(args: argparse.Namespace, *, auto_migrate: bool = True):
@@ -348,11 +365,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     lease = settings_mod.parse_duration("--lease", args.lease)
     render = settings_mod.parse_duration("--render", args.render)
-    if lease <= 0 or render <= 0:
-        raise ConfigError("invalid --lease/--render: must be positive")
+    demo.check_options(lease, render)     # before any server is started
+    on_embedded = db.resolve_dsn(args.dsn) is None
+    started = on_embedded and not embedded.state().running
     dsn, conn = _connect(args)
     conn.close()
-    return demo.run(dsn, lease=lease, render=render)
+    try:
+        return demo.run(dsn, lease=lease, render=render)
+    finally:
+        if started:
+            embedded.stop()
+            print(f"pgfence: stopped the embedded PostgreSQL the demo started (its data stays in "
+                  f"{embedded.data_dir()})", file=sys.stderr)
+        elif on_embedded:
+            print(f"pgfence: left the embedded PostgreSQL running in {embedded.data_dir()} "
+                  "('pgfence embedded stop' stops it)", file=sys.stderr)
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
@@ -367,10 +394,28 @@ def cmd_dsn(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_embedded(args: argparse.Namespace) -> int:
+    current = embedded.state()
+    if args.action == "stop":
+        if embedded.stop(current.pgdata):
+            print(f"stopped the embedded PostgreSQL in {current.pgdata}")
+        else:
+            print(f"no embedded PostgreSQL running in {current.pgdata}")
+        return 0
+    if current.running:
+        print(f"embedded PostgreSQL: running (pid {current.pid})")
+    else:
+        print("embedded PostgreSQL: not running (a command without a DSN starts it)")
+    print(f"data directory: {current.pgdata}")
+    if current.dsn:
+        print(f"dsn: {db.redact(current.dsn)}")
+    return 0
+
+
 COMMANDS = {
     "migrate": cmd_migrate, "work": cmd_work, "run": cmd_run, "enqueue": cmd_enqueue, "status": cmd_status,
     "retry": cmd_retry, "cancel": cmd_cancel, "prune": cmd_prune, "demo": cmd_demo, "dsn": cmd_dsn,
-    "loadtest": cmd_loadtest,
+    "loadtest": cmd_loadtest, "embedded": cmd_embedded,
 }
 
 

@@ -368,14 +368,19 @@ class _Demo:
         return self.act(act, protected=True, render=render, script=script, on_sink=on_sink)
 
 
-def run(dsn: str, *, lease: float = 3, render: float = 10, out: TextIO | None = None) -> int:
-    """Tell the story, print what happened, and return 0 when it went as told, else 1."""
-    out = out or sys.stdout
+def check_options(lease: float, render: float) -> None:
+    """Refuse a lease and render time that cannot tell the story."""
     if not lease > 0 or not render > 0:
         raise ConfigError("invalid --lease/--render: must be positive")
     if render < lease + 1:
         raise ConfigError(f"invalid --render: the job must render at least a second longer than the lease "
                           f"({lease:g}s) for the double run to happen, got {render:g}s")
+
+
+def run(dsn: str, *, lease: float = 3, render: float = 10, out: TextIO | None = None) -> int:
+    """Tell the story, print what happened, and return 0 when it went as told, else 1."""
+    out = out or sys.stdout
+    check_options(lease, render)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pgfence-demo-") as workdir:
         demo = _Demo(dsn, float(lease), float(render), out, Path(workdir))
