@@ -14,11 +14,15 @@ FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/pgfence
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY supervisor ./supervisor
 COPY handlers ./handlers
 COPY sql ./sql
-RUN /opt/pgfence/bin/pip install .
+# The path users take and CI checks (.ci/wheel-smoke): build a wheel, then
+# install that wheel, not the source tree, so the image runs pgfence exactly
+# as `pip install pgfence` would lay it out.
+RUN /opt/pgfence/bin/pip wheel --no-deps --wheel-dir /dist .
+RUN /opt/pgfence/bin/pip install /dist/pgfence-0.1.0-py3-none-any.whl
 
 FROM python:3.11-slim
 # The same path as the systemd unit's /opt/pgfence venv.

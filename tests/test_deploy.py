@@ -478,7 +478,15 @@ def test_dockerfile_copies_what_the_package_build_needs():
     assert needed <= sources, needed - sources
     for source in sources:
         assert (ROOT / source).exists(), source
-    assert ("RUN", "/opt/pgfence/bin/pip install .") in instructions
+    # The wheel path, as users install it and .ci/wheel-smoke checks: build a
+    # wheel, install the wheel (never the source tree, never editable).
+    version = project["project"]["version"]
+    runs = [args for ins, args in instructions if ins == "RUN"]
+    build = runs.index("/opt/pgfence/bin/pip wheel --no-deps --wheel-dir /dist .")
+    install = runs.index(f"/opt/pgfence/bin/pip install /dist/pgfence-{version}-py3-none-any.whl")
+    assert build < install
+    assert not [r for r in runs if re.search(r"pip install (-e |--editable )?\.(\s|$)", r)], runs
+    assert "LICENSE" in sources
     # .dockerignore keeps the bulky and private things out, and none of what
     # the COPY lines need.
     ignored = {ln.strip() for ln in DOCKERIGNORE.read_text().splitlines()
