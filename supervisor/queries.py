@@ -13,6 +13,8 @@ import re
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
+from .errors import PgfenceError
+
 _NAME = re.compile(r"^--\s*name:\s*(\S+)\s*$")
 
 #: The repository's ``sql/``, next to ``supervisor/`` in a source checkout.
@@ -36,7 +38,7 @@ def sql_dir() -> Traversable:
     except ModuleNotFoundError:
         if _CHECKOUT_SQL.joinpath("queries").is_dir():
             return _CHECKOUT_SQL
-        raise
+        raise PgfenceError("pgfence is installed without its SQL files (supervisor/sql): reinstall it") from None
 
 
 def sql_files(folder: str) -> list[Traversable]:
