@@ -106,6 +106,9 @@ class HeartbeatManager:
         # round the thread waits for.
         self._wake = threading.Event()
         self._next_at = 0.0
+        # After a failed round, no new one before this (monotonic): a lease
+        # due in the past must not make the loops retry without a pause.
+        self._retry_at = 0.0
         self._thread: threading.Thread | None = None
         # The statement may not outlive the shortest period of the leases it
         # renews (see run_once): a renewal that is late is worth nothing, and
@@ -165,7 +168,7 @@ class HeartbeatManager:
         for lease in leases:
             if lease.lost_reason is None or (lease.lost_reason == "timeout" and self.holding(lease, now)):
                 at = min(at, self.next_event(lease))
-        return at
+        return max(at, self._retry_at)
 
     def window(self, leases: list[Lease]) -> float:
         """How far ahead a round renews: the shortest period among ``leases``
@@ -221,6 +224,7 @@ class HeartbeatManager:
         except (psycopg.Error, OSError, Exception) as exc:  # noqa: BLE001 - any failure is a failed round
             result.error = db.first_line(exc)
             log.warning("lease renewal failed: %s", result.error)
+            self._retry_at = sent_at + self.window(live)
             now = time.monotonic()
             for lease in live:
                 lease.failing = True

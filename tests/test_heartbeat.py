@@ -766,3 +766,19 @@ def test_in_process_timeout_is_told_at_once_and_the_job_held_through_the_grace(d
     last = lease_until(conn, job_id)
     result = manager.run_once()
     assert (result.sent, manager.statements, lease_until(conn, job_id)) == (0, statements, last)
+
+
+def test_after_a_failed_round_the_next_waits_one_period_even_for_a_lease_due_in_the_past(managers):
+    """A lease due now whose round failed must not make the loops retry at
+    once, over and over: the next round comes one period later."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()   # nothing listens there: every connection is refused
+    manager = managers(f"postgresql://postgres@127.0.0.1:{port}/postgres", default_lease=30.0, interval=1.0)
+    lease = Lease(1, 1, 30.0, "q", "k", deadline=time.monotonic() + 28.0)   # due 1 s ago
+    manager.track(lease)
+    started = time.monotonic()
+    result = manager.run_once()
+    assert result.error is not None and lease.failing and lease.lost_reason is None
+    assert manager.next_round([lease], time.monotonic()) >= started + 1.0
