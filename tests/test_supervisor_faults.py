@@ -702,9 +702,11 @@ def test_cancelled_job_of_a_stubborn_handler_gets_its_child_killed(dsn, conn, su
     assert attempt == 1 and p in before
     sup.wait(lambda: session_state(conn, p) == "idle in transaction", 5, "the child inside its fenced transaction")
 
+    # Taken before the command: the arbiter now kills on time, not at its
+    # next half-second turn, so the command's own exit can outlast the rest.
+    cancelled = time.monotonic()
     result = pgfence("cancel", str(job_id), dsn=dsn)
     assert (result.returncode, result.stdout) == (0, f"cancelled 1 job(s): {job_id}\n"), result.stderr
-    cancelled = time.monotonic()
     sup.wait(lambda: not sup.alive(p), 10, "the child killed")
     elapsed = time.monotonic() - cancelled
     assert 1.0 <= elapsed < 5, elapsed
