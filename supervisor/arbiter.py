@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from prometheus_client import multiprocess
 
 from . import child, heartbeat_process, metrics, metrics_server, proctitle, registry
+from .heartbeat import validate_heartbeat
 from .sdnotify import Notifier
 from .errors import ConfigError
 from .settings import Settings
@@ -82,6 +83,7 @@ class Arbiter:
         self._ready_sent = False
         self._stopping_sent = False
         self._last_watchdog = 0.0
+        validate_heartbeat(settings.heartbeat, registry.specs())
         self.dsn = dsn
         self.settings = settings
         self.reload_settings = reload_settings
@@ -191,6 +193,7 @@ class Arbiter:
         if self.reload_settings is not None:
             settings = self.reload_settings()
             registry.load(settings.handlers)
+            validate_heartbeat(settings.heartbeat, registry.specs())
             self.settings = settings.replace(batch=min(settings.batch, self.table.njobs))
             self.target = settings.workers
 
@@ -378,10 +381,14 @@ class Arbiter:
             c.term_sent_at = time.monotonic()
             _kill(c.pid, signal.SIGTERM)
 
-    def murder_workers(self) -> None:
-        """Kill children past their time: a job whose lease is lost beyond
-        the grace period, a drain past its deadline."""
+    def murder_workers(self) -> float:
+        """Kill children past their time: a job past its timeout by the grace
+        period, a job whose lease is lost beyond the grace period, a drain
+        past its deadline.  Returns when the next such kill falls due
+        (monotonic; ``inf`` if none)."""
         now = time.monotonic()
+        grace = self.settings.lost_lease_kill_after
+        next_kill = float("inf")
         for c in list(self.children.values()):
             if self._stopping and now >= self._drain_deadline:
                 if not c.killed_for_stop:
@@ -396,14 +403,30 @@ class Arbiter:
             if c.killed_for_lost:
                 continue   # SIGKILL sent; waiting for waitpid
             for held in self.table.held(c.slot):
+                # A timeout is a hard limit: the child was told at the timeout
+                # (its lease marked lost, while the job stays held), and is
+                # killed the grace period after it, whether it ticks or not;
+                # its job is then released at once as a timed-out attempt.
+                if held.timeout is not None:
+                    kill_at = held.claimed_at + held.timeout + grace
+                    if now >= kill_at:
+                        c.killed_for_lost = True
+                        log.warning("worker %d (pid %d) still runs job %d attempt %d %gs after its timeout "
+                                    "(%gs): killing it", c.number, c.pid, held.job_id, held.attempt, grace,
+                                    held.timeout)
+                        _kill(c.pid, signal.SIGKILL)
+                        break
+                    next_kill = min(next_kill, kill_at)
                 news = self.table.news(c.slot, held.entry, held.job_id, held.attempt)
-                if news and news[1] and now - news[2] >= self.settings.lost_lease_kill_after:
-                    c.killed_for_lost = True
-                    log.warning("worker %d (pid %d) still runs job %d attempt %d %gs after its lease was lost "
-                                "(%s): killing it", c.number, c.pid, held.job_id, held.attempt,
-                                self.settings.lost_lease_kill_after, news[1])
-                    _kill(c.pid, signal.SIGKILL)
-                    break
+                if news and news[1] and news[1] != "timeout":
+                    if now - news[2] >= grace:
+                        c.killed_for_lost = True
+                        log.warning("worker %d (pid %d) still runs job %d attempt %d %gs after its lease was lost "
+                                    "(%s): killing it", c.number, c.pid, held.job_id, held.attempt, grace, news[1])
+                        _kill(c.pid, signal.SIGKILL)
+                        break
+                    next_kill = min(next_kill, news[2] + grace)
+        return next_kill
 
     def check_heartbeat(self) -> None:
         """Kill a heartbeat manager that stopped ticking (a renewal stuck on a
@@ -454,13 +477,14 @@ class Arbiter:
         self.manage_workers()
         proctitle.set(self._title())
         log.info("arbiter started: %d workers on queues %s", self.target, ",".join(self.settings.queues))
+        next_kill = float("inf")
         while True:
-            self._sleep(0.1 if self._stopping else 0.5)
+            self._sleep(max(0.0, min(0.1 if self._stopping else 0.5, next_kill - time.monotonic())))
             while self._signals:
                 name = self._signals.pop(0)
                 getattr(self, f"handle_{name.lower()}")()
             self.reap_workers()
-            self.murder_workers()
+            next_kill = self.murder_workers()
             self.manage_workers()
             self._report()
             if self._stopping_done():

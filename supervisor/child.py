@@ -80,7 +80,8 @@ class SlotLeases:
             news = self.table.news(self.slot, entry, lease.id, lease.attempt)
             if news is None:
                 continue
-            deadline, lost, _lost_at = news
+            deadline, lost, _lost_at, failing = news
+            lease.failing = failing
             if lost:
                 lease.mark_lost(lost)
             elif deadline:

@@ -1,11 +1,20 @@
 """The heartbeat manager: renews the leases of many running jobs in ONE
-statement per interval.
+statement per round.
 
-It learns per job which renewals were rejected (the attempt no longer owns
-the job, or the job was cancelled) and marks those leases lost; when the
-database cannot be reached it marks a lease lost once its local deadline
-passes (see :mod:`supervisor.lease`).  A job that has run longer than its
-kind's timeout is no longer renewed.
+Each lease is renewed once a third of its own length has passed since its
+last renewal (or every ``heartbeat`` seconds when that is configured and
+shorter than the lease): a kind with a short lease is renewed at its own
+pace, and a round renews, in one statement, every lease due before the next
+round.  It learns per job which renewals were rejected (the attempt no longer
+owns the job, or the job was cancelled) and marks those leases lost; a lease
+whose local deadline passes is marked lost too (see :mod:`supervisor.lease`),
+as ``renewal_failed`` when a renewal was tried and failed, else as
+``expired``.
+
+A job that runs past its kind's timeout is marked lost (``timeout``) at that
+moment, so its handler's ``check()`` raises, but it is still renewed for
+``timeout_grace`` seconds more: nobody else may claim it while its worker
+finishes the attempt or is killed (``lost_lease_kill_after``).
 
 The manager is a plain object with :meth:`run_once`, which returns what it
 did; :meth:`start` runs it in a thread for an in-process worker, and the
@@ -18,13 +27,14 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
 from . import db, metrics
+from .errors import ConfigError
 from .lease import Lease
 from .queries import q
 
@@ -44,30 +54,65 @@ class RenewResult:
         self.lost[reason] = self.lost.get(reason, 0) + 1
 
 
-class HeartbeatManager:
-    """Renews every tracked lease in one batched statement per ``interval``.
+def renew_period(lease: float, heartbeat: float | None) -> float:
+    """Seconds between two renewals of a lease of ``lease`` seconds: the
+    configured ``heartbeat`` when it is shorter than the lease, else a third
+    of the lease."""
+    if heartbeat is not None and heartbeat < lease:
+        return heartbeat
+    return lease / 3
 
-    ``interval`` defaults to a third of the shortest lease it tracks, or of
-    ``default_lease``.  ``statements`` counts the renewal statements sent.
+
+def validate_heartbeat(heartbeat: float | None, specs: Iterable) -> None:
+    """Refuse a configured ``heartbeat`` longer than half a kind's lease:
+    one late round would lose every lease of that kind.  Unset, the
+    renewals follow each lease (a third of it) and nothing is refused."""
+    if heartbeat is None:
+        return
+    for spec in specs:
+        if spec.lease is not None and heartbeat > spec.lease / 2:
+            raise ConfigError(f"invalid heartbeat: {heartbeat:g}s cannot keep the {spec.lease:g}s lease of "
+                              f"kind {spec.kind!r}; give at most half of it ({spec.lease / 2:g}s), or leave "
+                              "heartbeat unset to renew each lease when a third of it has passed")
+
+
+class HeartbeatManager:
+    """Renews every tracked lease in one batched statement per round.
+
+    ``interval`` is the configured ``heartbeat`` (None: a third of each
+    lease); ``self.interval`` is the period of a ``default_lease`` lease,
+    the longest a running thread waits between two rounds.  A timed-out
+    lease is renewed ``timeout_grace`` seconds past its timeout.
+    ``statements`` counts the renewal statements sent.
     """
 
     def __init__(self, dsn: str, *, default_lease: float = 30.0, interval: float | None = None,
-                 application_name: str = "pgfence heartbeat", prepare: bool = False):
+                 timeout_grace: float = 0.0, application_name: str = "pgfence heartbeat",
+                 prepare: bool = False):
         if default_lease <= 0:
             raise ValueError("default_lease must be positive")
         if interval is not None and interval <= 0:
             raise ValueError("interval must be positive")
         self.dsn = dsn
         self.default_lease = default_lease
-        self.interval = interval if interval is not None else default_lease / 3
+        self.heartbeat = interval
+        self.interval = renew_period(default_lease, interval)
+        self.timeout_grace = timeout_grace
         self.statements = 0
         self._leases: dict[tuple[int, int], Lease] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        # Set by stop(), and by track() when a new lease is due before the
+        # round the thread waits for.
+        self._wake = threading.Event()
+        self._next_at = 0.0
+        # After a failed round, no new one before this (monotonic): a lease
+        # due in the past must not make the loops retry without a pause.
+        self._retry_at = 0.0
         self._thread: threading.Thread | None = None
-        # The statement may not outlive the interval: a renewal that is late
-        # is worth nothing, and the next round tries again.
-        self._timeout_ms = str(max(100, int(self.interval * 1000)))
+        # The statement may not outlive the shortest period of the leases it
+        # renews (see run_once): a renewal that is late is worth nothing, and
+        # the next round tries again.
         self._pool = ConnectionPool(
             db.conninfo(dsn, application_name=application_name),
             min_size=1, max_size=1, open=False, timeout=max(1.0, self.interval),
@@ -82,6 +127,8 @@ class HeartbeatManager:
     def track(self, lease: Lease) -> None:
         with self._lock:
             self._leases[(lease.id, lease.attempt)] = lease
+        if self._thread is not None and self.next_event(lease) < self._next_at:
+            self._wake.set()
 
     def untrack(self, lease: Lease) -> None:
         with self._lock:
@@ -93,22 +140,61 @@ class HeartbeatManager:
 
     # -- one round --------------------------------------------------------
 
-    def run_once(self, leases: list[Lease] | None = None) -> RenewResult:
+    def period(self, lease: Lease) -> float:
+        """Seconds between two renewals of ``lease``."""
+        return renew_period(lease.seconds, self.heartbeat)
+
+    def due(self, lease: Lease) -> float:
+        """When ``lease`` should be renewed next (monotonic)."""
+        return lease.renewed_at + self.period(lease)
+
+    def holding(self, lease: Lease, now: float) -> bool:
+        """A timed-out lease is still renewed within the grace after its
+        timeout, until its deadline passes."""
+        return (lease.timeout is not None and now < lease.claimed_at + lease.timeout + self.timeout_grace
+                and not lease.expired(now))
+
+    def next_event(self, lease: Lease) -> float:
+        """When ``lease`` next needs a round: its renewal, or its timeout."""
+        at = self.due(lease)
+        if lease.timeout is not None and lease.lost_reason is None:
+            at = min(at, lease.claimed_at + lease.timeout)
+        return at
+
+    def next_round(self, leases: list[Lease], now: float) -> float:
+        """When the next round is needed for ``leases``: the earliest renewal
+        or timeout among them, at most one ``interval`` away."""
+        at = now + self.interval
+        for lease in leases:
+            if lease.lost_reason is None or (lease.lost_reason == "timeout" and self.holding(lease, now)):
+                at = min(at, self.next_event(lease))
+        return max(at, self._retry_at)
+
+    def window(self, leases: list[Lease]) -> float:
+        """How far ahead a round renews: the shortest period among ``leases``
+        (a lease due before the next round goes in this one)."""
+        return min([self.period(lease) for lease in leases] or [self.interval])
+
+    def run_once(self, leases: list[Lease] | None = None, *, horizon: float | None = None) -> RenewResult:
         """Renew all held leases (or ``leases``) in one statement; return what
-        happened."""
+        happened.  With ``horizon`` only those due by then are renewed."""
         result = RenewResult()
         now = time.monotonic()
         live: list[Lease] = []
         for lease in (self.tracked() if leases is None else leases):
-            if lease.lost_reason is not None:
+            if lease.lost_reason is not None and lease.lost_reason != "timeout":
                 continue
             if lease.timed_out(now):
                 if lease.mark_lost("timeout"):
                     result.add_lost("timeout")
+                if not self.holding(lease, now):
+                    continue
+            elif lease.expired(now):
+                reason = lease.expiry_reason()
+                if lease.mark_lost(reason):
+                    result.add_lost(reason)
                 continue
-            if lease.expired(now):
-                if lease.mark_lost("renewal_failed"):
-                    result.add_lost("renewal_failed")
+            if horizon is not None and self.due(lease) > horizon:
                 continue
             live.append(lease)
         if not live:
@@ -127,7 +213,7 @@ class HeartbeatManager:
                     # Settings for this transaction only: a startup option or
                     # a session SET would not survive (or would leak through)
                     # a transaction-pooling PgBouncer.
-                    conn.execute(q("renewal_settings"), {"ms": self._timeout_ms})
+                    conn.execute(q("renewal_settings"), {"ms": str(max(100, int(self.window(live) * 1000)))})
                     self.statements += 1
                     renewed = set(conn.execute(q("renew"), params).fetchall())
                     missed = [lease.id for lease in live if (lease.id, lease.attempt) not in renewed]
@@ -138,8 +224,10 @@ class HeartbeatManager:
         except (psycopg.Error, OSError, Exception) as exc:  # noqa: BLE001 - any failure is a failed round
             result.error = db.first_line(exc)
             log.warning("lease renewal failed: %s", result.error)
+            self._retry_at = sent_at + self.window(live)
             now = time.monotonic()
             for lease in live:
+                lease.failing = True
                 if lease.expired(now) and lease.mark_lost("renewal_failed"):
                     result.add_lost("renewal_failed")
             return result
@@ -234,24 +322,24 @@ class HeartbeatManager:
         self._thread.start()
 
     def _loop(self) -> None:
-        next_at = time.monotonic()
         while not self._stop.is_set():
-            # Reschedule before the work, so one slow or failed round does not
-            # shift or stop the rounds after it.
-            next_at += self.interval
+            # Cleared before the leases are read: a lease tracked from now on
+            # sets it again and cuts the wait below short.
+            self._wake.clear()
+            now = time.monotonic()
+            leases = self.tracked()
             try:
-                self.run_once()
+                self.run_once(leases, horizon=now + self.window(leases))
             except Exception:  # noqa: BLE001 - the loop must survive anything
                 log.exception("heartbeat round crashed")
-            delay = next_at - time.monotonic()
-            if delay < 0:
-                next_at = time.monotonic()
-                delay = 0
-            self._stop.wait(delay)
+            now = time.monotonic()
+            self._next_at = self.next_round(self.tracked(), now)
+            self._wake.wait(max(0.0, self._next_at - now))
 
     def stop(self) -> None:
         """Stop the thread (if any) and close the pool; idempotent."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=max(5.0, self.interval * 2))
             self._thread = None

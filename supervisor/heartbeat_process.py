@@ -2,8 +2,11 @@
 
 Forked by the arbiter, it opens its ``psycopg_pool`` pool after the fork.
 Each round it reads the shared slot table, renews in ONE statement the
-leases of every job held by a child that has ticked recently, and writes back
-per job the new local deadline or the reason the lease was lost.  A child
+leases due (see :mod:`supervisor.heartbeat`) of every job held by a child
+that has ticked recently, and writes back per job the new local deadline or
+the reason the lease was lost.  Rounds follow the leases held: a kind with a
+short lease is renewed at its own pace, and a job's timeout is reported to
+its child the moment it passes.  A child
 that is stopped, hung or dead does not tick, so its jobs are not renewed and
 their leases run out as they should.  Jobs of children that died are
 released here, fenced, as soon as the arbiter reports the death (SIGUSR1).
@@ -17,8 +20,8 @@ import select
 import signal
 import time
 
-from . import metrics, proctitle
-from .heartbeat import HeartbeatManager
+from . import metrics, proctitle, registry
+from .heartbeat import HeartbeatManager, renew_period
 from .lease import Lease
 from .child import worker_name
 from .settings import Settings
@@ -31,8 +34,15 @@ class HeartbeatProcess:
     def __init__(self, dsn: str, settings: Settings, table: SlotTable, *, liveness: float):
         self.table = table
         self.liveness = liveness
-        self.manager = HeartbeatManager(dsn, default_lease=settings.lease,
-                                        interval=settings.heartbeat_interval, prepare=settings.prepare)
+        self.manager = HeartbeatManager(dsn, default_lease=settings.lease, interval=settings.heartbeat,
+                                        timeout_grace=settings.lost_lease_kill_after, prepare=settings.prepare)
+        # How long the loop may sleep without looking at the table: short
+        # enough to renew the shortest lease of the kinds registered (the
+        # arbiter loaded them before the fork) and to catch their timeouts.
+        spans = [renew_period(spec.lease, settings.heartbeat) / 2 for spec in registry.specs() if spec.lease]
+        spans += [timeout / 4 for timeout in [settings.timeout] + [spec.timeout for spec in registry.specs()]
+                  if timeout]
+        self.wake = max(0.02, min([0.5, renew_period(settings.lease, settings.heartbeat) / 2] + spans))
         # The manager's own view of each held lease, keyed by (slot, entry,
         # job id, attempt); rebuilt from the slot table every round.
         self._leases: dict[tuple[int, int, int, int], Lease] = {}
@@ -58,14 +68,14 @@ class HeartbeatProcess:
                     # for this very job and attempt: counted from the claim
                     # alone, every job that outlived its first lease would be
                     # taken for expired and given up.
-                    deadline, lost, lost_at = held.claimed_at + held.lease, None, 0.0
+                    deadline, lost, lost_at, failing = held.claimed_at + held.lease, None, 0.0, False
                     news = self.table.news(slot, held.entry, held.job_id, held.attempt)
                     if news is not None:
-                        deadline, lost, lost_at = max(deadline, news[0]), news[1], news[2]
+                        deadline, lost, lost_at, failing = max(deadline, news[0]), news[1], news[2], news[3]
                     lease = self._leases[key] = Lease(
                         held.job_id, held.attempt, held.lease, deadline=deadline,
                         claimed_at=held.claimed_at, timeout=held.timeout, count=False,
-                        lost_reason=lost, lost_at=lost_at if lost else 0.0)
+                        lost_reason=lost, lost_at=lost_at if lost else 0.0, failing=failing)
                 if alive:
                     renew.append(lease)
                     keys.append(key)
@@ -87,9 +97,13 @@ class HeartbeatProcess:
                 continue
             slots.append(slot)
             known = set()
+            now = time.monotonic()
             for held in self.table.held(slot):
                 lease = self._leases.get((slot, held.entry, held.job_id, held.attempt))
-                timed_out = lease is not None and lease.lost_reason == "timeout"
+                # Killed past its timeout (see Arbiter.murder_workers): the
+                # attempt failed, and the job is released at once.
+                timed_out = (lease is not None and lease.lost_reason == "timeout") or (
+                    held.timeout is not None and now - held.claimed_at >= held.timeout)
                 items.append((held.job_id, held.attempt, state == ORPHANED_CRASH and not timed_out,
                               f"timed out after {held.timeout:g}s; worker killed" if timed_out else None))
                 known.add(held.job_id)
@@ -109,6 +123,12 @@ class HeartbeatProcess:
                 del self._leases[key]
         return released
 
+    def next_round(self) -> float:
+        """When the leases held now next need a round (monotonic)."""
+        now = time.monotonic()
+        leases, _keys = self.held_leases(now)
+        return self.manager.next_round(leases, now)
+
     def run_once(self) -> None:
         now = time.monotonic()
         try:
@@ -116,11 +136,12 @@ class HeartbeatProcess:
         except Exception as exc:  # noqa: BLE001 - retried next round; jobs stay orphaned
             log.warning("releasing jobs of dead workers failed: %s", exc)
         leases, keys = self.held_leases(now)
-        result = self.manager.run_once(leases)
-        metrics.HEARTBEAT_LEASES.set(result.sent)
+        result = self.manager.run_once(leases, horizon=now + self.manager.window(leases))
+        if result.sent or not leases:   # a round that only marked a timeout keeps the last count
+            metrics.HEARTBEAT_LEASES.set(result.sent)
         for lease, (slot, entry, job_id, attempt) in zip(leases, keys):
             self.table.report(slot, entry, job_id, attempt, deadline=lease.deadline,
-                              lost=lease.lost_reason, lost_at=lease.lost_at)
+                              lost=lease.lost_reason, lost_at=lease.lost_at, failing=lease.failing)
         self.rounds += 1
         self.table.set_header(self.rounds, self.manager.statements, os.getpid(), time.monotonic())
         proctitle.set(f"pgfence heartbeat [{len(leases)} leases]")
@@ -155,22 +176,24 @@ def main(dsn: str, settings: Settings, table: SlotTable, liveness: float) -> int
     # Blocked by the arbiter across the fork (see child.STARTUP_BLOCKED).
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGUSR1})
     process = HeartbeatProcess(dsn, settings, table, liveness=liveness)
-    interval = process.manager.interval
     next_at = time.monotonic()
     try:
         while not stop:
             now = time.monotonic()
             if now >= next_at:
-                next_at = now + interval
                 process.run_once()
+                next_at = process.next_round()
             else:
-                # Between rounds only dead children's jobs need us (SIGUSR1).
+                # Between rounds: dead children's jobs (SIGUSR1), and leases
+                # claimed since that are due sooner than the planned round.
                 try:
                     process.release_orphans()
                 except Exception as exc:  # noqa: BLE001
                     log.warning("releasing jobs of dead workers failed: %s", exc)
+                next_at = min(next_at, process.next_round())
             process.table.set_header(process.rounds, process.manager.statements, os.getpid(), time.monotonic())
-            ready, _, _ = select.select([wake_r], [], [], max(0.0, min(0.5, next_at - time.monotonic())))
+            ready, _, _ = select.select([wake_r], [], [],
+                                        max(0.0, min(process.wake, next_at - time.monotonic())))
             if ready:
                 os.read(wake_r, 512)
         process.release_orphans()

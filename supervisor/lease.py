@@ -37,13 +37,22 @@ class Lease:
     #: keeps copies of its children's leases with this off, so that each
     #: loss is counted once, by the worker that learns it.
     count: bool = True
+    #: A renewal of this lease failed (the database did not answer) since
+    #: its last success: a deadline passed now is ``renewal_failed``, not
+    #: merely ``expired``.
+    failing: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def renewed(self, sent_at: float) -> None:
-        """A renewal sent at ``sent_at`` was accepted by the database."""
+        """A renewal sent at ``sent_at`` was accepted by the database.
+
+        A timed-out lease is still renewed (the job stays held until its
+        worker ends the attempt or is killed), so its deadline moves too.
+        """
         with self._lock:
-            if self.lost_reason is None:
+            if self.lost_reason in (None, "timeout"):
                 self.deadline = max(self.deadline, sent_at + self.seconds)
+                self.failing = False
 
     def extend(self, deadline: float) -> None:
         """Take a deadline computed elsewhere (the heartbeat process)."""
@@ -69,11 +78,23 @@ class Lease:
     def expired(self, now: float | None = None) -> bool:
         return self.enforce_deadline and (time.monotonic() if now is None else now) >= self.deadline
 
+    def expiry_reason(self) -> str:
+        """Why a lease whose deadline passed is lost: ``renewal_failed`` if a
+        renewal was tried and failed since the last success, else
+        ``expired`` (nobody renewed it in time: its process was stopped or
+        hung, or its heartbeat fell behind)."""
+        return "renewal_failed" if self.failing else "expired"
+
     def lost(self) -> str | None:
         """The reason the lease is lost, or None while it is held."""
         if self.lost_reason is None and self.expired():
-            self.mark_lost("renewal_failed")
+            self.mark_lost(self.expiry_reason())
         return self.lost_reason
+
+    @property
+    def renewed_at(self) -> float:
+        """When the claim or last accepted renewal was sent (monotonic)."""
+        return self.deadline - self.seconds
 
     def timed_out(self, now: float | None = None) -> bool:
         if self.timeout is None:

@@ -49,7 +49,7 @@ QUEUE_OLDEST_AGE = Gauge("pgfence_queue_oldest_job_age_seconds",
                          ["queue"], multiprocess_mode="livemax")
 
 #: The reasons a lease is lost, as used in the ``reason`` label.
-LOST_REASONS = ("renewal_rejected", "renewal_failed", "timeout", "cancelled", "fence_rejected")
+LOST_REASONS = ("renewal_rejected", "renewal_failed", "expired", "timeout", "cancelled", "fence_rejected")
 
 
 def initialise(queues: list[str] | tuple[str, ...], kinds: list[str]) -> None:

@@ -3,8 +3,8 @@ arbiter talk, created before any fork (an anonymous shared ``mmap``).
 
 Each child owns a slot.  The child writes its liveness tick and the jobs it
 holds (id, attempt, lease, claim time, timeout); the heartbeat manager writes
-back, per job, the new local deadline after a renewal and the reason if the
-lease is lost; the arbiter writes the slot's state (free, active, orphaned).
+back, per job, the new local deadline after a renewal, whether renewals are
+failing, and the reason if the lease is lost; the arbiter writes the slot's state (free, active, orphaned).
 Every field has exactly one writer, and a heartbeat write names the job and
 attempt it is about, so a late write about a previous job can never be taken
 for news about the current one.  No locks are needed.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 FREE, ACTIVE, ORPHANED_CRASH, ORPHANED_STOP = 0, 1, 2, 3
 
 #: Lost-reason codes in shared memory.
-REASONS = ("", "renewal_rejected", "renewal_failed", "timeout", "cancelled", "fence_rejected")
+REASONS = ("", "renewal_rejected", "renewal_failed", "timeout", "cancelled", "fence_rejected", "expired")
 REASON_CODE = {name: code for code, name in enumerate(REASONS)}
 
 # magic, nslots, njobs | heartbeat: rounds, statements, pid, tick | arbiter: tick, target workers
@@ -32,8 +32,9 @@ _ARB_HEAD_OFF = 56
 _SLOT = struct.Struct("<qqqd")         # state, pid, worker number, tick
 # Child-written: job id, attempt, lease s, claimed_at, timeout (0: none).
 _JOB = struct.Struct("<qqddd")
-# Heartbeat-written: job id, attempt, deadline, lost code, lost_at.
-_HB = struct.Struct("<qqdqd")
+# Heartbeat-written: job id, attempt, deadline, lost code, lost_at, failing
+# (a renewal failed since the last success).
+_HB = struct.Struct("<qqdqdq")
 _MAGIC = b"pgfence1"
 
 
@@ -152,25 +153,26 @@ class SlotTable:
         for entry in range(self.njobs):
             off = self._job_off(slot, entry)
             _JOB.pack_into(self.buf, off, 0, 0, 0.0, 0.0, 0.0)
-            _HB.pack_into(self.buf, off + _JOB.size, 0, 0, 0.0, 0, 0.0)
+            _HB.pack_into(self.buf, off + _JOB.size, 0, 0, 0.0, 0, 0.0, 0)
 
     # -- heartbeat writes, child reads ------------------------------------------------
 
     def report(self, slot: int, entry: int, job_id: int, attempt: int, *, deadline: float = 0.0,
-               lost: str | None = None, lost_at: float = 0.0) -> None:
+               lost: str | None = None, lost_at: float = 0.0, failing: bool = False) -> None:
         off = self._job_off(slot, entry) + _JOB.size
-        _HB.pack_into(self.buf, off, 0, 0, deadline, REASON_CODE[lost] if lost else 0, lost_at)
+        _HB.pack_into(self.buf, off, 0, 0, deadline, REASON_CODE[lost] if lost else 0, lost_at, int(failing))
         struct.pack_into("<q", self.buf, off + 8, attempt)
         struct.pack_into("<q", self.buf, off, job_id)
 
-    def news(self, slot: int, entry: int, job_id: int, attempt: int) -> tuple[float, str | None, float] | None:
-        """(deadline, lost reason, lost_at) reported for exactly this job and
-        attempt, or None when the heartbeat said nothing about it yet."""
+    def news(self, slot: int, entry: int, job_id: int,
+             attempt: int) -> tuple[float, str | None, float, bool] | None:
+        """(deadline, lost reason, lost_at, failing) reported for exactly this
+        job and attempt, or None when the heartbeat said nothing about it yet."""
         off = self._job_off(slot, entry) + _JOB.size
-        hb_id, hb_attempt, deadline, code, lost_at = _HB.unpack_from(self.buf, off)
+        hb_id, hb_attempt, deadline, code, lost_at, failing = _HB.unpack_from(self.buf, off)
         if (hb_id, hb_attempt) != (job_id, attempt):
             return None
         # Re-read the identity: a write in progress changes it first... last.
         if struct.unpack_from("<qq", self.buf, off) != (job_id, attempt):
             return None
-        return deadline, (REASONS[code] or None), lost_at
+        return deadline, (REASONS[code] or None), lost_at, bool(failing)

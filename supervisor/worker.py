@@ -22,7 +22,7 @@ import psycopg
 
 from . import db, metrics, registry, retention
 from .errors import DatabaseUnavailable, LeaseLost, PayloadRejected, PgfenceError, UnknownHandler
-from .heartbeat import HeartbeatManager
+from .heartbeat import HeartbeatManager, validate_heartbeat
 from .job import Job, RawJSON
 from .lease import Lease
 from .queries import q
@@ -78,7 +78,9 @@ class Worker:
         self._own_heartbeat = heartbeat is None and settings.renew
         self.heartbeat = heartbeat
         if self._own_heartbeat:
+            validate_heartbeat(settings.heartbeat, registry.specs())
             self.heartbeat = HeartbeatManager(dsn, default_lease=settings.lease, interval=settings.heartbeat,
+                                              timeout_grace=settings.lost_lease_kill_after,
                                               prepare=settings.prepare)
         self._last_prune = time.monotonic()
         #: When the next claim also looks for expired leases (monotonic).
@@ -272,9 +274,10 @@ class Worker:
                 # Still ours in the database: report the overrun as an error
                 # (fenced), so it is retried with backoff like any failure.
                 return self._fail(job, f"timed out after {job.lease.timeout:g}s", final=False)
-            if exc.reason == "renewal_failed":
-                # The database was out of reach; if it is back and nobody took
-                # the job meanwhile, hand it back now rather than at lease expiry.
+            if exc.reason in ("renewal_failed", "expired"):
+                # The database was out of reach, or nobody renewed the lease
+                # in time; if nobody took the job meanwhile, hand it back now
+                # rather than leave it to the reclaim scan.
                 self.release(job)
             return LOST
         except PayloadRejected as exc:

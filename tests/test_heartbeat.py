@@ -605,31 +605,52 @@ def test_renewal_looks_leases_up_by_primary_key_even_with_stale_statistics(conn)
 
 
 def test_renewals_are_hot_updates(conn):
-    """pgfence.jobs keeps a fifth of each page free (migration 0003), so a
-    renewal, which changes no indexed column, is written into the same page
-    (a HOT update) and adds no index entries."""
+    """pgfence.jobs keeps a fifth of each page free (migration 0003), and a
+    renewal changes no indexed column, so it is written into the same page (a
+    HOT update) and adds no index entries whenever the page has room.
+
+    The test counts only what the renewal decides.  It used to demand that
+    rounds 7 and 8 of 200 renewals be all HOT, which needs the old row
+    versions of each round pruned, and pruning waits for every snapshot that
+    may still see them: this session's own snapshots reach back to the
+    oldest transaction still running anywhere in the cluster (another test's,
+    a benchmark's), and an autovacuum ANALYZE of the table holds one too.  So
+    here the renewed rows sit in a page with room for all their versions, no
+    pruning needed, and each renewal must be HOT; and no index may cover the
+    renewed column, by key, expression or predicate."""
     assert scalar(conn, "SELECT reloptions FROM pg_class WHERE oid = 'pgfence.jobs'::regclass") == ["fillfactor=80"]
-    conn.execute("SELECT count(pgfence.enqueue('noop', '{}')) FROM generate_series(1, 200)")
-    rows = conn.execute(q("claim"), {"queues": ["default"], "batch": 200, "worker": "hot", "lease": 30.0,
+    blocking = conn.execute(
+        "SELECT i.indexrelid::regclass::text FROM pg_index i"
+        "  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attname = 'lease_until'"
+        " WHERE i.indrelid = 'pgfence.jobs'::regclass"
+        "   AND (a.attnum = ANY(i.indkey) OR pg_get_expr(i.indexprs, i.indrelid) LIKE '%%lease_until%%'"
+        "        OR pg_get_expr(i.indpred, i.indrelid) LIKE '%%lease_until%%')").fetchall()
+    assert blocking == []
+
+    conn.execute("SELECT count(pgfence.enqueue('noop', '{}')) FROM generate_series(1, 3)")
+    rows = conn.execute(q("claim"), {"queues": ["default"], "batch": 3, "worker": "hot", "lease": 30.0,
                                      "lease_kinds": [], "lease_secs": [], "reclaim": True}).fetchall()
-    params = {"ids": [r[0] for r in rows], "attempts": [r[5] for r in rows], "leases": [30.0] * len(rows)}
+    params = {"ids": [r[0] for r in rows], "attempts": [r[5] for r in rows], "leases": [30.0] * 3}
+    # Every version of the three rows fits in their one page, with room to
+    # spare: no renewal needs pruning to stay in the page.
+    pages = "SELECT count(DISTINCT (ctid::text::point)[0]) FROM pgfence.jobs"
+    assert scalar(conn, pages) == 1
+    size = scalar(conn, "SELECT max(pg_column_size(j.*)) FROM pgfence.jobs j")
+    assert 3 * (2 + 8) * (size + 28) < 8192 * 0.8, size   # versions: enqueue, claim, 8 renewals
     counts = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relid = 'pgfence.jobs'::regclass"
 
     def renew() -> tuple[int, int]:
-        """One round; this backend's update counts before and after it."""
+        """One round; this backend's own update counts for it (pg_stat_xact
+        sees only this transaction, whatever other sessions do)."""
         with conn.transaction():
             conn.execute(q("renewal_settings"), {"ms": "5000"})
             before = conn.execute(counts).fetchone()
-            assert len(conn.execute(q("renew"), params).fetchall()) == 200
+            assert len(conn.execute(q("renew"), params).fetchall()) == 3
             after = conn.execute(counts).fetchone()
         return after[0] - before[0], after[1] - before[1]
 
-    rounds = [renew() for _ in range(8)]
-    assert [updated for updated, _hot in rounds] == [200] * 8
-    # The first rounds find the claim's old row versions still in the page;
-    # once they are pruned, every renewal is HOT.  (With fillfactor 100 the
-    # eighth round still found room for only about half.)
-    assert rounds[-2:] == [(200, 200), (200, 200)], rounds
+    assert [renew() for _ in range(8)] == [(3, 3)] * 8
+    assert scalar(conn, pages) == 1
 
 
 def test_number_arrays_go_as_one_literal_the_sql_casts(conn):
@@ -642,3 +663,122 @@ def test_number_arrays_go_as_one_literal_the_sql_casts(conn):
                        {"i": array_literal([1, 9_000_000_000]), "f": array_literal([0.25, 1e-05]),
                         "e": array_literal([])}).fetchone()
     assert row == ([1, 9_000_000_000], [0.25, 1e-05], [])
+
+
+# -- renewals follow each lease --------------------------------------------------
+
+
+def test_renew_period_follows_each_lease_and_the_configured_heartbeat():
+    from supervisor.heartbeat import renew_period
+
+    assert renew_period(30.0, None) == 10.0
+    assert renew_period(1.5, None) == 0.5
+    assert renew_period(30.0, 2.0) == 2.0       # configured, shorter than the lease: kept
+    assert renew_period(1.5, 2.0) == 0.5        # a lease the heartbeat cannot keep: a third of it
+
+
+def test_heartbeat_longer_than_half_a_kind_lease_is_refused():
+    from supervisor.errors import ConfigError
+    from supervisor.heartbeat import validate_heartbeat
+    from supervisor.registry import HandlerSpec
+
+    specs = [HandlerSpec("long", print, lease=60.0), HandlerSpec("short", print, lease=6.0),
+             HandlerSpec("default", print)]
+    validate_heartbeat(None, specs)
+    validate_heartbeat(3.0, specs)
+    with pytest.raises(ConfigError) as info:
+        validate_heartbeat(3.5, specs)
+    assert str(info.value) == ("invalid heartbeat: 3.5s cannot keep the 6s lease of kind 'short'; give at most "
+                               "half of it (3s), or leave heartbeat unset to renew each lease when a third of it "
+                               "has passed")
+
+
+def test_a_lease_run_out_with_no_failed_renewal_is_expired_not_renewal_failed():
+    now = time.monotonic()
+    unrenewed = Lease(1, 1, 1.0, "q", "k", deadline=now - 0.01)
+    assert unrenewed.lost() == "expired"
+    failing = Lease(2, 1, 1.0, "q", "k", deadline=now - 0.01, failing=True)
+    assert failing.lost() == "renewal_failed"
+    # A success clears it.
+    renewed = Lease(3, 1, 1.0, "q", "k", deadline=now + 0.5, failing=True)
+    renewed.renewed(now)
+    assert (renewed.failing, renewed.deadline) == (False, now + 1.0)
+
+
+def test_a_round_marks_a_lease_nobody_renewed_in_time_expired(dsn, conn, managers):
+    """(A lease whose renewals failed is renewal_failed: see the tests of an
+    unreachable database below.)"""
+    queue = "hb-expired"
+    _id, stale = claim_one(conn, "owner", queue=queue, lease=0.2)
+    manager = managers(dsn, default_lease=30.0)
+    manager.track(stale)
+    wait_for(lambda: stale.expired(), timeout=5, message="the deadline passed")
+    before = lost_total(queue, "effect", "expired")
+    result = manager.run_once()
+    assert (result.sent, result.lost, stale.lost_reason) == (0, {"expired": 1}, "expired")
+    assert lost_total(queue, "effect", "expired") == before + 1
+
+
+def test_in_process_worker_renews_a_kind_lease_shorter_than_the_interval(dsn, conn, make_worker):
+    """`pgfence work` with the default 30 s lease (10 s interval) and a kind
+    with lease=1.5 whose handler works 4.5 s, checking its lease: renewed at
+    its own pace, done on attempt 1, no lease lost."""
+    from supervisor import handler
+    from supervisor.metrics import LOST_REASONS
+
+    kind = "hb_short_lease"
+
+    @handler(kind, lease=1.5)
+    def work(job):
+        deadline = time.monotonic() + 4.5
+        while time.monotonic() < deadline:
+            job.check()
+            time.sleep(0.02)
+
+    job_id = enqueue(conn, kind, {})
+    before = {reason: lost_total("default", kind, reason) for reason in LOST_REASONS}
+    worker = make_worker(lease=30.0)
+    stats = worker.run(burst=True)
+    assert stats.outcomes == {"done": 1}
+    row = job_row(conn, job_id)
+    assert (row["status"], row["attempt"], row["reclaims"]) == ("done", 1, 0)
+    assert {reason: lost_total("default", kind, reason) for reason in LOST_REASONS} == before
+    assert worker.heartbeat.statements >= 6     # at least every 0.5 s over 4.5 s
+
+
+def test_in_process_timeout_is_told_at_once_and_the_job_held_through_the_grace(dsn, conn, managers):
+    """Past its timeout a lease is marked lost (timeout) at once by the
+    running thread, and still renewed until timeout + grace, then no more."""
+    queue = "hb-timeout-grace"
+    job_id, lease = claim_one(conn, "owner", queue=queue, lease=1.5)
+    lease.timeout = 0.5
+    manager = managers(dsn, default_lease=30.0, timeout_grace=1.5)
+    manager.track(lease)
+    manager.start()
+    marked = wait_marked(lease, timeout=5)
+    assert lease.lost_reason == "timeout"
+    assert marked - lease.claimed_at < 0.5 + POLL_SLACK
+    # Held: renewed past the end of the first lease, through the grace.
+    first = lease_until(conn, job_id)
+    wait_for(lambda: lease_until(conn, job_id) > first, timeout=3, message="a renewal after the timeout")
+    wait_for(lambda: time.monotonic() > lease.claimed_at + 0.5 + 1.5, timeout=5, message="the grace over")
+    statements = manager.statements
+    last = lease_until(conn, job_id)
+    result = manager.run_once()
+    assert (result.sent, manager.statements, lease_until(conn, job_id)) == (0, statements, last)
+
+
+def test_after_a_failed_round_the_next_waits_one_period_even_for_a_lease_due_in_the_past(managers):
+    """A lease due now whose round failed must not make the loops retry at
+    once, over and over: the next round comes one period later."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()   # nothing listens there: every connection is refused
+    manager = managers(f"postgresql://postgres@127.0.0.1:{port}/postgres", default_lease=30.0, interval=1.0)
+    lease = Lease(1, 1, 30.0, "q", "k", deadline=time.monotonic() + 28.0)   # due 1 s ago
+    manager.track(lease)
+    started = time.monotonic()
+    result = manager.run_once()
+    assert result.error is not None and lease.failing and lease.lost_reason is None
+    assert manager.next_round([lease], time.monotonic()) >= started + 1.0

@@ -37,10 +37,10 @@ def test_reclaim_and_fenced_rejection_are_counted_across_exited_children(dsn, co
     assert total(parsed, "pgfence_lease_lost_total", **labels) == 1
     # The frozen attempt learns it once, by whichever comes first when it
     # wakes: the fence, a renewal refused, or its own lease deadline passed
-    # with no renewal (renewal_failed: nobody renewed a stopped child).
+    # with no renewal (expired: nobody renewed a stopped child; nothing failed).
     lost = {dict(ls)["reason"]: v for (n, ls), v in parsed.items() if n == "pgfence_lease_lost_total" and v}
     assert list(lost.values()) == [1.0]
-    assert set(lost) <= {"fence_rejected", "renewal_rejected", "renewal_failed"}
+    assert set(lost) <= {"fence_rejected", "renewal_rejected", "expired"}
     assert total(parsed, "pgfence_jobs_claimed_total", **labels) == 2
     assert total(parsed, "pgfence_jobs_completed_total", **labels) == 1
     assert total(parsed, "pgfence_workers") == 2

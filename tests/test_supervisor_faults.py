@@ -62,6 +62,50 @@ def stubborn(job):
 
 handler("stubborn")(stubborn)
 handler("stubborn_timeout", timeout=1)(stubborn)
+
+
+@handler("short_lease", lease=1.5)
+def short_lease(job):
+    """Works payload.seconds, several of its 1.5 s leases, checking its lease
+    all along."""
+    deadline = time.monotonic() + float(job.payload.get("seconds", 0))
+    while time.monotonic() < deadline:
+        job.check()
+        time.sleep(0.02)
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0]
+    except OSError:
+        return None
+
+
+def _record(job, key):
+    """An effect row written at once (autocommit), outside the fence."""
+    job.conn.execute(q("insert_effect"), {"job_id": job.id, "attempt": job.attempt, "key": key,
+                                          "worker": str(os.getpid())})
+
+
+@handler("overrun", lease=3, timeout=1)
+def overrun(job):
+    """Records its start and whether the previous attempt's process still
+    runs; the first attempt then works on past its timeout without acting on
+    it, recording when it was told (job.lease_lost) and why."""
+    row = job.conn.execute("SELECT worker FROM pgfence.effects WHERE job_id = %s AND attempt = %s"
+                           " AND idempotency_key LIKE 'start:%%'", (job.id, job.attempt - 1)).fetchone()
+    previous = "none" if row is None else ("alive" if _state(int(row[0])) not in (None, "Z", "X") else "dead")
+    _record(job, f"start:{previous}")
+    if job.attempt > 1:
+        return
+    began = time.monotonic()
+    told = False
+    while True:
+        if not told and job.lease_lost:
+            told = True
+            _record(job, f"told:{job.lease.lost_reason}:{time.monotonic() - began:.2f}")
+        time.sleep(0.02)
 '''
 
 WORKER_TITLE = re.compile(r"^pgfence worker (\d+) (idle|(\S+) job (\d+) attempt (\d+))$")
@@ -313,7 +357,8 @@ def test_sigstopped_child_gets_no_renewals_and_cannot_commit(dsn, conn, supervis
     assert effects(conn) == [(job_id, 2, str(q))]
     log = sup.log()
     if kind == "effect":
-        assert re.search(rf"job {job_id} attempt 1 lost its lease \((renewal_failed|renewal_rejected)\)", log), log
+        # Nothing failed: the stopped child's lease ran out unrenewed.
+        assert re.search(rf"job {job_id} attempt 1 lost its lease \((expired|renewal_rejected)\)", log), log
     else:
         assert f"job {job_id} attempt 1 lost its lease (fence_rejected)" in log, log
     # Not killed: it left the job on its own, well within lost-lease-kill-after.
@@ -321,6 +366,57 @@ def test_sigstopped_child_gets_no_renewals_and_cannot_commit(dsn, conn, supervis
     assert "killing it" not in log
     sup.signal(signal.SIGTERM)
     assert sup.wait_exit(10) == 0
+
+
+def test_a_kind_lease_shorter_than_the_renewal_interval_is_renewed_at_its_own_pace(dsn, conn, supervisors):
+    """A kind with lease=1.5 under the default interval (a third of the 30 s
+    lease, 10 s): its lease is renewed when a third of it has passed, so a
+    handler that works for several of its leases, checking all along, ends
+    done on its first attempt and no lease is lost."""
+    sup = supervisors(lease=30)
+    sup.wait_workers(2)
+    job_id = enqueue(conn, "short_lease", {"seconds": 5})
+    attempt, p = sup.wait(lambda: holder(conn, job_id), 20, "the claim")
+    assert attempt == 1
+    untils = set()
+
+    def done() -> bool:
+        row = job_row(conn, job_id)
+        if row["status"] == "running":
+            assert row["attempt"] == 1, row
+            untils.add(row["lease_until"])
+        return row["status"] == "done"
+
+    sup.wait(done, 20, "the job done")
+    assert summary(conn, job_id) == ("done", 1, 0, None)
+    # Renewed again and again over its 5 s (at least every 0.5 s).
+    assert len(untils) >= 5, sorted(untils)
+    log = sup.log()
+    assert "lost its lease" not in log and " lost: " not in log, log
+    assert sup.alive(p)
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
+
+
+def test_heartbeat_that_cannot_keep_a_kind_lease_is_refused_at_start(dsn, conn, tmp_path):
+    """An explicit heartbeat longer than half a kind's lease: one line
+    naming the kind, exit 2, for both `run` and `work`."""
+    (tmp_path / f"{HANDLERS_MODULE}.py").write_text(HANDLERS_SOURCE)
+    env = env_for(dsn)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    for command in ("run", "work"):
+        result = pgfence(command, "--heartbeat", "1", "--handlers", f"handlers.builtin,{HANDLERS_MODULE}",
+                         env=env, timeout=30)
+        assert result.returncode == 2, result
+        assert result.stderr == (
+            "pgfence: error: invalid heartbeat: 1s cannot keep the 1.5s lease of kind 'short_lease'; give at "
+            "most half of it (0.75s), or leave heartbeat unset to renew each lease when a third of it has "
+            "passed\n"), result.stderr
+    # Half of the shortest lease is accepted.
+    result = pgfence("work", "--burst", "--heartbeat", "0.75", "--handlers",
+                     f"handlers.builtin,{HANDLERS_MODULE}", env=env, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert counts(conn) == {}
 
 
 # -- 2. a child killed mid-job ----------------------------------------------------------
@@ -606,9 +702,11 @@ def test_cancelled_job_of_a_stubborn_handler_gets_its_child_killed(dsn, conn, su
     assert attempt == 1 and p in before
     sup.wait(lambda: session_state(conn, p) == "idle in transaction", 5, "the child inside its fenced transaction")
 
+    # Taken before the command: the arbiter now kills on time, not at its
+    # next half-second turn, so the command's own exit can outlast the rest.
+    cancelled = time.monotonic()
     result = pgfence("cancel", str(job_id), dsn=dsn)
     assert (result.returncode, result.stdout) == (0, f"cancelled 1 job(s): {job_id}\n"), result.stderr
-    cancelled = time.monotonic()
     sup.wait(lambda: not sup.alive(p), 10, "the child killed")
     elapsed = time.monotonic() - cancelled
     assert 1.0 <= elapsed < 5, elapsed
@@ -661,9 +759,51 @@ def test_timed_out_stubborn_handler_is_killed_and_reported_as_an_error(dsn, conn
         "failed", 2, 0, None, error)
     assert effects(conn) == []
     log = sup.log()
-    kills = set(re.findall(r"\(pid (\d+)\) still runs job (\d+) attempt (\d+) 1s after its lease was lost "
-                           r"\(timeout\): killing it", log))
+    kills = set(re.findall(r"\(pid (\d+)\) still runs job (\d+) attempt (\d+) 1s after its timeout "
+                           r"\(1s\): killing it", log))
     assert {(int(j), int(a)) for _, j, a in kills} == {(last, 1), (retried, 1), (retried, 2)}, log
     assert len({p for p, _, _ in kills}) == 3
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
+
+
+def test_a_timed_out_attempt_is_dead_before_the_next_one_starts(dsn, conn, supervisors):
+    """timeout=1, lease=3, lost-lease-kill-after=1, and a first attempt that
+    works on past its timeout: its child is told at the timeout, the job
+    stays held (renewed) until the child is killed one second later, and is
+    then released at once as a timed-out attempt; attempt 2 starts only
+    after attempt 1's process is dead, and ends done."""
+    sup = supervisors(lost_lease_kill_after=1)
+    sup.wait_workers(2)
+    job_id = enqueue(conn, "overrun", {}, max_attempts=3)
+    attempt, p = sup.wait(lambda: holder(conn, job_id), 20, "the claim")
+    assert attempt == 1
+    overlaps = []
+
+    def done() -> bool:
+        row = job_row(conn, job_id)
+        if row["attempt"] >= 2 and sup.alive(p):
+            overlaps.append((row["status"], row["attempt"], state(p)))
+        return row["status"] == "done"
+
+    sup.wait(done, 20, "attempt 2 done")
+    assert overlaps == []
+    row = job_row(conn, job_id)
+    assert (row["status"], row["attempt"], row["reclaims"], row["locked_by"], row["last_error"]) == (
+        "done", 2, 0, None, "timed out after 1s; worker killed")
+    rows = conn.execute("SELECT attempt, idempotency_key, worker FROM pgfence.effects"
+                        " WHERE job_id = %s ORDER BY id", (job_id,)).fetchall()
+    assert [(a, k.rpartition(":")[0] if k.startswith("told:") else k, w) for a, k, w in rows][:2] == [
+        (1, "start:none", str(p)), (1, "told:timeout", str(p))], rows
+    # Told at its timeout, before the kill a second later.
+    told_after = float(rows[1][1].rpartition(":")[2])
+    assert 0.9 <= told_after < 2.0, rows
+    # Attempt 2 ran in the other child and found attempt 1's process dead.
+    assert len(rows) == 3 and rows[2][:2] == (2, "start:dead") and rows[2][2] != str(p), rows
+    assert not sup.alive(p)
+    log = sup.log()
+    assert re.search(rf"\(pid {p}\) still runs job {job_id} attempt 1 1s after its timeout \(1s\): killing it",
+                     log), log
+    assert f"job {job_id} (overrun) attempt 1 failed" not in log   # reported by the heartbeat, not the child
     sup.signal(signal.SIGTERM)
     assert sup.wait_exit(10) == 0
