@@ -171,7 +171,7 @@ class Worker:
                 metrics.RECLAIMS.labels(queue, kind).inc()
                 self.stats.reclaimed += 1
             if status == "failed":
-                log.warning("job %s (%s) attempt %s failed at claim: %s", job_id, kind, attempt,
+                log.warning("job %s (%s) attempt %s failed at claim: %s", job_id, errortext.one_line(kind), attempt,
                             errortext.first_line(last_error or ""))
                 metrics.JOBS_FAILED.labels(queue, kind).inc()
                 self.stats.add(FAILED)
@@ -324,11 +324,13 @@ class Worker:
         status, _queue, _kind, spent, max_attempts = row
         if status == "failed":
             log.warning("job %s (%s) attempt %s failed for good (%s of %s attempts spent): %s",
-                        job.id, job.kind, job.attempt, spent, max_attempts, errortext.first_line(error))
+                        job.id, errortext.one_line(job.kind), job.attempt, spent, max_attempts,
+                        errortext.first_line(error))
             metrics.JOBS_FAILED.labels(job.queue, job.kind).inc()
             return FAILED
         log.warning("job %s (%s) attempt %s failed, retrying in %.2fs (%s of %s attempts spent): %s",
-                    job.id, job.kind, job.attempt, backoff, spent, max_attempts, errortext.first_line(error))
+                    job.id, errortext.one_line(job.kind), job.attempt, backoff, spent, max_attempts,
+                    errortext.first_line(error))
         metrics.JOBS_RETRIED.labels(job.queue, job.kind).inc()
         return RETRIED
 
@@ -356,8 +358,8 @@ class Worker:
             return LOST
         metrics.of(metrics.UNKNOWN_KIND, job.queue, job.kind).inc()
         if row[0] == "failed":
-            log.warning("job %s (%s) attempt %s failed for good: %s", job.id, job.kind, job.attempt,
-                        errortext.first_line(error))
+            log.warning("job %s (%s) attempt %s failed for good: %s", job.id, errortext.one_line(job.kind),
+                        job.attempt, errortext.first_line(error))
             metrics.JOBS_FAILED.labels(job.queue, job.kind).inc()
             return FAILED
         if job.kind not in self._unknown_logged:
