@@ -95,7 +95,8 @@ def failed_rows(conn):
     ids = []
     for kind, queue, error, tb, age in [
         ("fail", "default", "RuntimeError: old", "Traceback (most recent call last):\nRuntimeError: old", 300),
-        ("mail", "mail", "OSError: \x1b[2J\x1b[31mcleared\r\nfake line", "Traceback:\n  \x1b]0;pwned\x07\nOSError", 200),
+        ("mail", "mail", "OSError: \x1b[2J\x1b[31mcleared\r\nfake line",
+         "Traceback:\n  \x1b]0;pwned\x07\nOSError", 200),
         ("fail", "default", "payload rejected: no email", None, 100),
     ]:
         ids.append(scalar(conn, """
@@ -157,7 +158,8 @@ def test_pgfence_failed_with_none_and_bad_limit(dsn):
     out = pgfence("failed", "--json", dsn=dsn)
     assert (out.returncode, json.loads(out.stdout)) == (0, [])
     out = pgfence("failed", "--limit", "0", dsn=dsn)
-    assert (out.returncode, out.stdout, out.stderr) == (2, "", "pgfence: error: invalid --limit: must be at least 1, got 0\n")
+    assert (out.returncode, out.stdout, out.stderr) == \
+        (2, "", "pgfence: error: invalid --limit: must be at least 1, got 0\n")
 
 
 def test_failed_jobs_listing_reads_the_failed_index(conn):

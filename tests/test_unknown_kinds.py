@@ -112,8 +112,8 @@ def test_put_back_is_fenced(conn, make_worker):
              timeout=10, message="the lease to run out")
     # Another worker reclaims it (attempt 2); the stale attempt's put-back
     # must not hand the new owner's job back.
-    conn.execute("UPDATE pgfence.jobs SET status = 'running', attempt = 2, locked_by = 'w-new', "
-                 "lease_until = now() + interval '1 minute' WHERE id = %s", (job_id,))
+    [current] = make_worker("w-new").claim()
+    assert (current.id, current.attempt) == (job_id, 2)
     assert stale.run_job(job) == LOST
     row = job_row(conn, job_id)
     assert (row["status"], row["attempt"], row["putbacks"], row["locked_by"]) == ("running", 2, 0, "w-new")
