@@ -1,5 +1,5 @@
-"""Operator commands: status, retry, cancel.  Each returns plain data, which
-the CLI prints as a table or as JSON."""
+"""Operator commands: status, failed, retry, cancel.  Each returns plain
+data, which the CLI prints as a table or as JSON."""
 
 from __future__ import annotations
 
@@ -41,3 +41,17 @@ def cancel(conn: psycopg.Connection, ids: list[int]) -> list[int]:
     with db.translated():
         rows = conn.execute(q("cancel_ids"), {"ids": ids}).fetchall()
     return sorted(r[0] for r in rows)
+
+
+def failed(conn: psycopg.Connection, *, limit: int = 20, queue: str | None = None,
+           kind: str | None = None) -> list[dict[str, Any]]:
+    """The newest failed jobs first, with their errors and tracebacks, as
+    stored (the CLI escapes them for the terminal)."""
+    with db.translated():
+        rows = conn.execute(q("failed_jobs"), {"limit": limit, "queue": queue, "kind": kind}).fetchall()
+    return [
+        {"id": r[0], "queue": r[1], "kind": r[2], "attempt": r[3], "attempts_spent": r[4], "max_attempts": r[5],
+         "reclaims": r[6], "created_at": r[7].isoformat() if r[7] else None,
+         "finished_at": r[8].isoformat() if r[8] else None, "last_error": r[9], "traceback": r[10]}
+        for r in rows
+    ]

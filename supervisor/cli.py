@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, db, embedded, migrate, multiproc, registry, retention, settings as settings_mod
+from . import admin, db, embedded, errortext, migrate, multiproc, registry, retention, settings as settings_mod
 from .errors import ConfigError, PgfenceError, SchemaMissing
 from .loadtest import options as loadtest_options
 from .producer import enqueue
@@ -52,6 +52,10 @@ def _worker_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", help="default handler timeout in seconds")
     p.add_argument("--retention", help="delete finished jobs older than this (default 7d)")
     p.add_argument("--handlers", help="comma-separated handler modules to import")
+    p.add_argument("--unknown-kind-delay",
+                   help="seconds before a job of a kind this worker does not know, put back, may run (default 30)")
+    p.add_argument("--unknown-kind-timeout",
+                   help="age at which a job of a kind this worker does not know fails instead (default 1h)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,6 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="jobs per queue and status, and running jobs")
     _common(p)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("failed", help="the newest failed jobs with their errors")
+    _common(p)
+    p.add_argument("--limit", type=int, default=20, help="how many jobs, newest first (default 20)")
+    p.add_argument("--queue", help="only jobs of this queue")
+    p.add_argument("--kind", help="only jobs of this kind")
+    p.add_argument("--traceback", action="store_true", help="print each job's traceback under it")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("retry", help="queue failed or cancelled jobs again")
@@ -182,7 +194,7 @@ def _worker_settings(args: argparse.Namespace) -> settings_mod.Settings:
     cli = {name: getattr(args, name, None) for name in
            ("queues", "lease", "heartbeat", "batch", "poll_interval", "timeout", "retention", "handlers",
             "workers", "graceful_timeout", "lost_lease_kill_after", "metrics_host", "metrics_port", "metrics_dir",
-            "listen", "prepare")}
+            "listen", "prepare", "unknown_kind_delay", "unknown_kind_timeout")}
     return settings_mod.load(cli, config_path=getattr(args, "config", None))
 
 
@@ -331,6 +343,33 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_failed(args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise ConfigError(f"invalid --limit: must be at least 1, got {args.limit}")
+    _dsn_value, conn = _connect(args)
+    with conn:
+        jobs = admin.failed(conn, limit=args.limit, queue=args.queue, kind=args.kind)
+    if args.json:
+        # json.dumps escapes every control character: safe as it is.
+        print(json.dumps(jobs, indent=2, sort_keys=True))
+        return 0
+    if not jobs:
+        print("no failed jobs")
+        return 0
+    # Errors, kinds and queues come from handlers and producers: every one
+    # is printed escaped, so no control character reaches the terminal.
+    print(f"{'id':>10}  {'failed at':<19}  {'queue':<12} {'kind':<16} {'attempts':>8}  error")
+    for job in jobs:
+        when = (job["finished_at"] or "")[:19].replace("T", " ")
+        spent = f"{job['attempts_spent']}/{job['max_attempts']}"
+        print(f"{job['id']:>10}  {when:<19}  {errortext.one_line(job['queue']):<12} "
+              f"{errortext.one_line(job['kind']):<16} {spent:>8}  {errortext.one_line(job['last_error'] or '')}")
+        if args.traceback and job["traceback"]:
+            for line in errortext.printable(job["traceback"]).split("\n"):
+                print(f"{'':>12}{line}")
+    return 0
+
+
 def cmd_retry(args: argparse.Namespace) -> int:
     if not args.ids and not args.failed:
         raise ConfigError("pgfence retry: give job ids or --failed")
@@ -414,6 +453,7 @@ def cmd_embedded(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "migrate": cmd_migrate, "work": cmd_work, "run": cmd_run, "enqueue": cmd_enqueue, "status": cmd_status,
+    "failed": cmd_failed,
     "retry": cmd_retry, "cancel": cmd_cancel, "prune": cmd_prune, "demo": cmd_demo, "dsn": cmd_dsn,
     "loadtest": cmd_loadtest, "embedded": cmd_embedded,
 }

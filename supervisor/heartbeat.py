@@ -255,7 +255,8 @@ class HeartbeatManager:
             for job_id, attempt, reclaim, error in items:
                 if error:
                     row = conn.execute(q("fail_or_retry"), {"id": job_id, "attempt": attempt, "error": error,
-                                                            "final": False, "backoff": 1.0}).fetchone()
+                                                            "traceback": None, "final": False,
+                                                            "backoff": 1.0}).fetchone()
                     if row is not None:
                         counter = metrics.JOBS_FAILED if row[0] == "failed" else metrics.JOBS_RETRIED
                         counter.labels(row[1], row[2]).inc()

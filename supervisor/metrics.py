@@ -34,6 +34,12 @@ JOBS_COMPLETED = Counter("pgfence_jobs_completed", "Jobs completed through the f
 JOBS_RETRIED = Counter("pgfence_jobs_retried", "Failed attempts put back for a retry.", ["queue", "kind"])
 JOBS_FAILED = Counter("pgfence_jobs_failed", "Jobs that ended failed.", ["queue", "kind"])
 JOBS_RELEASED = Counter("pgfence_jobs_released", "Claimed jobs handed back (shutdown or worker death).", ["queue", "kind"])
+UNKNOWN_KIND = Counter(
+    "pgfence_unknown_kind",
+    "Claims of a job whose kind the worker does not know: put back (no attempt spent), "
+    "or failed once older than unknown_kind_timeout.",
+    ["queue", "kind"],
+)
 JOB_DURATION = Histogram("pgfence_job_duration_seconds", "Handler run time.", ["queue", "kind"])
 JOB_WAIT = Histogram("pgfence_job_wait_seconds", "From run_at to start.", ["queue", "kind"])
 HEARTBEAT_DURATION = Histogram("pgfence_heartbeat_duration_seconds", "Time of one batched renewal statement.")

@@ -41,6 +41,14 @@ class Settings:
     #: Retry backoff: base * 2**(attempt-1) seconds, capped, with jitter.
     backoff_base: float = 1.0
     backoff_max: float = 300.0
+    #: A worker that claims a job of a kind it does not know (a rolling
+    #: deploy: a worker that knows it may not be up yet) puts it back, to be
+    #: claimed again no sooner than this many seconds later; no attempt is
+    #: spent.
+    unknown_kind_delay: float = 30.0
+    #: Seconds from a job's creation after which a worker that does not know
+    #: its kind fails it (unknown job kind) instead of putting it back.
+    unknown_kind_timeout: float = 3600.0
     #: Finished jobs older than this many seconds are deleted (None: kept).
     retention: float | None = 7 * 86400.0
     #: Seconds between retention runs inside the worker system.
@@ -73,7 +81,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         positive = ["lease", "poll_interval", "backoff_base", "backoff_max", "prune_interval",
-                    "graceful_timeout", "lost_lease_kill_after"]
+                    "graceful_timeout", "lost_lease_kill_after", "unknown_kind_delay", "unknown_kind_timeout"]
         for name in positive:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from . import db, metrics, registry, retention
-from .errors import DatabaseUnavailable, LeaseLost, PayloadRejected, PgfenceError, UnknownHandler
+from . import db, errortext, metrics, registry, retention
+from .errors import DatabaseUnavailable, LeaseLost, PayloadRejected, PgfenceError
 from .heartbeat import HeartbeatManager, validate_heartbeat
 from .job import Job, RawJSON
 from .lease import Lease
@@ -32,6 +32,8 @@ log = logging.getLogger("pgfence.worker")
 
 #: Outcomes returned by Worker.run_job, also what the tests assert.
 DONE, RETRIED, FAILED, LOST, RELEASED = "done", "retried", "failed", "lost", "released"
+#: A job of a kind this worker does not know, handed back for another worker.
+PUT_BACK = "put_back"
 #: A job run but not yet completed: its completion is batched with others.
 DEFERRED = "deferred"
 #: Seconds a finished job may wait for its batched completion.
@@ -40,6 +42,9 @@ DEFER_MAX = 0.1
 #: a worker that also look for expired leases; the claims in between read
 #: queued jobs alone.
 RECLAIM_SCAN_INTERVAL = 1.0
+#: An idle worker that sleeps until the next run_at wakes this much later,
+#: so that the job is due by the database clock when the claim looks.
+RUN_AT_MARGIN = 0.005
 
 
 def default_name() -> str:
@@ -87,6 +92,8 @@ class Worker:
         self._next_reclaim_scan = 0.0
         #: Handler run times of the batch in hand, observed at its end.
         self._durations: dict[tuple[str, str], list[float]] | None = None
+        #: Unknown kinds already logged by this worker (once per kind).
+        self._unknown_logged: set[str] = set()
 
     # -- connection -----------------------------------------------------------
 
@@ -166,7 +173,8 @@ class Worker:
                 metrics.RECLAIMS.labels(queue, kind).inc()
                 self.stats.reclaimed += 1
             if status == "failed":
-                log.warning("job %s (%s) failed at claim: %s", job_id, kind, last_error)
+                log.warning("job %s (%s) attempt %s failed at claim: %s", job_id, errortext.one_line(kind), attempt,
+                            errortext.first_line(last_error or ""))
                 metrics.JOBS_FAILED.labels(queue, kind).inc()
                 self.stats.add(FAILED)
                 continue
@@ -255,10 +263,9 @@ class Worker:
         return len(done)
 
     def _run(self, job: Job, deferred: list[Job] | None = None) -> str:
-        try:
-            spec = registry.get(job.kind)
-        except UnknownHandler as exc:
-            return self._fail(job, str(exc), final=True)
+        spec = registry.find(job.kind)
+        if spec is None:
+            return self._put_back_unknown(job)
         try:
             spec.func(job)
             if not job.completed:
@@ -281,13 +288,13 @@ class Worker:
                 self.release(job)
             return LOST
         except PayloadRejected as exc:
-            return self._fail(job, f"payload rejected: {exc}", final=True)
+            return self._fail(job, f"payload rejected: {exc}", final=True, exc=exc)
         except PgfenceError as exc:
             if isinstance(exc, DatabaseUnavailable):
                 self._drop_connection()
-            return self._fail(job, f"{type(exc).__name__}: {exc}", final=False)
+            return self._fail(job, f"{type(exc).__name__}: {exc}", final=False, exc=exc)
         except Exception as exc:  # noqa: BLE001 - a handler may raise anything
-            return self._fail(job, f"{type(exc).__name__}: {db.first_line(exc)}", final=False)
+            return self._fail(job, f"{type(exc).__name__}: {db.first_line(exc)}", final=False, exc=exc)
         metrics.JOBS_COMPLETED.labels(job.queue, job.kind).inc()
         return DONE
 
@@ -296,10 +303,14 @@ class Worker:
         base = min(self.settings.backoff_max, self.settings.backoff_base * 2 ** max(0, attempt - 1))
         return base * random.uniform(0.5, 1.0)
 
-    def _fail(self, job: Job, error: str, *, final: bool) -> str:
-        """Report a failed attempt through the fence (retry or fail)."""
+    def _fail(self, job: Job, error: str, *, final: bool, exc: BaseException | None = None) -> str:
+        """Report a failed attempt through the fence (retry or fail), with
+        the traceback of ``exc`` if given, and log it at WARNING: kind, id,
+        attempt and the error's first line, escaped (never the payload)."""
+        backoff = self.backoff(job.attempt)
         params = {"id": job.id, "attempt": job.attempt, "error": error[:2000],
-                  "final": final, "backoff": self.backoff(job.attempt)}
+                  "traceback": errortext.format_traceback(exc) if exc is not None else None,
+                  "final": final, "backoff": backoff}
         try:
             with db.translated(self.dsn):
                 row = self.conn.execute(q("fail_or_retry"), params).fetchone()
@@ -313,13 +324,54 @@ class Worker:
             metrics.DOUBLE_RUN_PREVENTED.labels(job.queue, job.kind).inc()
             job.lease.mark_lost("fence_rejected")
             return LOST
-        if row[0] == "failed":
-            log.info("job %s (%s) failed for good on attempt %s", job.id, job.kind, job.attempt)
+        status, _queue, _kind, spent, max_attempts = row
+        if status == "failed":
+            log.warning("job %s (%s) attempt %s failed for good (%s of %s attempts spent): %s",
+                        job.id, errortext.one_line(job.kind), job.attempt, spent, max_attempts,
+                        errortext.first_line(error))
             metrics.JOBS_FAILED.labels(job.queue, job.kind).inc()
             return FAILED
-        log.info("job %s (%s) attempt %s failed; retrying", job.id, job.kind, job.attempt)
+        log.warning("job %s (%s) attempt %s failed, retrying in %.2fs (%s of %s attempts spent): %s",
+                    job.id, errortext.one_line(job.kind), job.attempt, backoff, spent, max_attempts,
+                    errortext.first_line(error))
         metrics.JOBS_RETRIED.labels(job.queue, job.kind).inc()
         return RETRIED
+
+    def _put_back_unknown(self, job: Job) -> str:
+        """Hand back (fenced) a job whose kind this worker does not know,
+        to be claimed again ``unknown_kind_delay`` seconds later, by a worker
+        that may know it; no attempt is spent.  Once the job is older than
+        ``unknown_kind_timeout`` it is failed instead."""
+        known = ", ".join(registry.kinds()) or "none"
+        error = (f"unknown job kind {job.kind!r}: no worker that claimed it knew it within "
+                 f"{self.settings.unknown_kind_timeout:g}s of its creation (known here: {known})")
+        params = {"id": job.id, "attempt": job.attempt, "delay": self.settings.unknown_kind_delay,
+                  "give_up": self.settings.unknown_kind_timeout, "error": error[:2000]}
+        try:
+            with db.translated(self.dsn):
+                row = self.conn.execute(q("put_back_unknown"), params).fetchone()
+        except DatabaseUnavailable as exc:
+            # Not known to be handed back: reclaimed once its lease runs out.
+            log.warning("job %s attempt %s: could not put it back (%s)", job.id, job.attempt, exc)
+            self._drop_connection()
+            return LOST
+        if row is None:
+            metrics.DOUBLE_RUN_PREVENTED.labels(job.queue, job.kind).inc()
+            job.lease.mark_lost("fence_rejected")
+            return LOST
+        metrics.of(metrics.UNKNOWN_KIND, job.queue, job.kind).inc()
+        if row[0] == "failed":
+            log.warning("job %s (%s) attempt %s failed for good: %s", job.id, errortext.one_line(job.kind),
+                        job.attempt, errortext.first_line(error))
+            metrics.JOBS_FAILED.labels(job.queue, job.kind).inc()
+            return FAILED
+        if job.kind not in self._unknown_logged:
+            self._unknown_logged.add(job.kind)
+            log.warning("worker %s does not know job kind %s (queue %s): putting its jobs back for %gs "
+                        "each, for a worker that knows it, until they are %gs old (logged once per kind)",
+                        self.name, errortext.one_line(job.kind), errortext.one_line(job.queue),
+                        self.settings.unknown_kind_delay, self.settings.unknown_kind_timeout)
+        return PUT_BACK
 
     def release(self, job: Job, *, reclaim: bool = False, reason: str | None = None) -> bool:
         """Hand a claimed job back to the queue (fenced); True if it was still ours."""
@@ -400,7 +452,9 @@ class Worker:
                     self._stop.wait(self.settings.poll_interval)
                     continue
                 self._maybe_prune()
-                if max_jobs is not None and sum(self.stats.outcomes.values()) >= max_jobs:
+                # Put-backs ran nothing: they do not count as jobs.
+                if max_jobs is not None and sum(n for outcome, n in self.stats.outcomes.items()
+                                                if outcome != PUT_BACK) >= max_jobs:
                     break
                 if claimed == 0:
                     if burst:
@@ -410,17 +464,37 @@ class Worker:
             self.close()
         return self.stats
 
+    def idle_wait(self) -> float:
+        """Seconds an idle worker may sleep: until the earliest run_at still
+        to come among its queues' jobs (a delayed job, a retry's backoff),
+        at most the poll interval."""
+        try:
+            with db.translated(self.dsn):
+                row = self.conn.execute(q("next_run_at"), {"queues": list(self.settings.queues)}).fetchone()
+        except DatabaseUnavailable as exc:
+            log.warning("worker %s cannot look up the next run_at: %s", self.name, exc)
+            self._drop_connection()
+            return self.settings.poll_interval
+        until = row[0] if row else None
+        wait = self.settings.poll_interval if until is None else min(self.settings.poll_interval,
+                                                                     until + RUN_AT_MARGIN)
+        log.debug("worker %s idle: next run_at in %s, sleeping up to %.3fs", self.name,
+                  "none" if until is None else f"{until:.3f}s", wait)
+        return wait
+
     def _wait_for_work(self) -> None:
-        """Sleep until a NOTIFY from an enqueue, the poll interval, or a stop."""
+        """Sleep until the next run_at comes, a NOTIFY from an enqueue, the
+        poll interval, or a stop, whichever is first."""
+        wait = self.idle_wait()
         if not self.settings.listen:
-            self._stop.wait(self.settings.poll_interval)
+            self._stop.wait(wait)
             return
         try:
             conn = self.conn
             if not self._listening:
                 conn.execute("LISTEN pgfence_jobs")
                 self._listening = True
-            deadline = time.monotonic() + self.settings.poll_interval
+            deadline = time.monotonic() + wait
             while not self.stopping:
                 left = deadline - time.monotonic()
                 if left <= 0:

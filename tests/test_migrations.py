@@ -12,7 +12,7 @@ from pgtools import pgfence, scalar, spawn, wait_for
 from supervisor import migrate
 
 EXPECTED_MIGRATIONS = [(1, "jobs"), (2, "handler_tables"), (3, "jobs_fillfactor"), (4, "complete_fenced"),
-                       (5, "claim_indexes")]
+                       (5, "claim_indexes"), (7, "putbacks_tracebacks")]
 
 
 def schema_dump(conn: psycopg.Connection, *, with_applied_at: bool = True) -> dict:
@@ -87,7 +87,7 @@ def test_concurrent_migrators_apply_the_schema_once(empty_dsn, dsn):
         assert [(rc, err) for _out, err, rc in results] == [(0, ""), (0, "")]
         assert sorted(out for out, _err, _rc in results) == sorted(
             ["applied 0001_jobs\napplied 0002_handler_tables\napplied 0003_jobs_fillfactor\napplied 0004_complete_fenced\n"
-             "applied 0005_claim_indexes\n",
+             "applied 0005_claim_indexes\napplied 0007_putbacks_tracebacks\n",
              "schema up to date\n"])
         assert holder.execute("SELECT version, name FROM pgfence.migrations ORDER BY version").fetchall() == \
             EXPECTED_MIGRATIONS
@@ -135,8 +135,10 @@ def test_jobs_table_has_the_declared_columns(conn):
           FROM information_schema.columns
          WHERE table_schema = 'pgfence' AND table_name = 'jobs'""")}
     assert {name: cols[name][:2] for name in SPEC_COLUMNS if name in cols} == SPEC_COLUMNS
-    # Beyond the spec: the reclaim budget.
-    assert set(cols) - set(SPEC_COLUMNS) == {"reclaims", "max_reclaims"}
+    # Beyond the spec: the reclaim budget, the put-backs of unknown kinds
+    # (no attempt spent) and the last error's traceback.
+    assert set(cols) - set(SPEC_COLUMNS) == {"reclaims", "max_reclaims", "putbacks", "last_traceback"}
+    assert cols["putbacks"][:2] == ("integer", "NO") and cols["last_traceback"][:2] == ("text", "YES")
     assert cols["id"][2:] == ("YES", "ALWAYS")
     assert [name for name, c in cols.items() if c[2] == "YES"] == ["id"]
 

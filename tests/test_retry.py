@@ -13,7 +13,7 @@ import handlers.builtin  # noqa: F401 - registers noop, sleep, fail before the r
 from pgtools import job_row, scalar, wait_for
 from supervisor import LeaseLost, enqueue, handler
 from supervisor.settings import Settings
-from supervisor.worker import DONE, FAILED, LOST, RETRIED, Worker
+from supervisor.worker import DONE, FAILED, LOST, PUT_BACK, RETRIED, Worker
 
 
 def clock(conn: psycopg.Connection) -> dt.datetime:
@@ -68,23 +68,27 @@ def test_failing_job_retries_with_backoff_then_fails_keeping_last_error(conn, ma
     assert worker.stats.outcomes == {RETRIED: 2, FAILED: 1}
 
 
-def test_rejected_payload_and_unknown_kind_fail_at_once_and_worker_carries_on(conn, make_worker):
+def test_rejected_payload_fails_at_once_unknown_kind_is_put_back_and_worker_carries_on(conn, make_worker):
     rejected = enqueue(conn, "sleep", {"seconds": -1}, priority=3)
     unknown = scalar(conn, "SELECT pgfence.enqueue('no_such_kind', '{}', 'default', 2)")
     good = enqueue(conn, "noop", priority=1)
 
     worker = make_worker("w-carry")
+    before = clock(conn)
     stats = worker.run(burst=True)
 
     row = job_row(conn, rejected)
     assert (row["status"], row["attempt"], row["max_attempts"]) == ("failed", 1, 5)
     assert row["last_error"] == "payload rejected: 'seconds' must be a number of seconds >= 0, got -1"
+    # A kind this worker does not know goes back, for a worker that knows
+    # it, with no attempt spent (putbacks counts the claim) and not before
+    # unknown_kind_delay (30 s by default).
     row = job_row(conn, unknown)
-    assert (row["status"], row["attempt"]) == ("failed", 1)
-    assert row["last_error"].startswith("unknown job kind 'no_such_kind' (known: ")
-    assert row["finished_at"] is not None
+    assert (row["status"], row["attempt"], row["putbacks"], row["last_error"]) == ("queued", 1, 1, None)
+    assert (row["locked_by"], row["lease_until"], row["finished_at"]) == (None, None, None)
+    assert row["run_at"] >= before + dt.timedelta(seconds=30)
     assert (job_row(conn, good)["status"], job_row(conn, good)["attempt"]) == ("done", 1)
-    assert stats.outcomes == {FAILED: 2, DONE: 1}
+    assert stats.outcomes == {FAILED: 1, PUT_BACK: 1, DONE: 1}
 
 
 def test_quarantine_after_too_many_reclaims_despite_attempts_left(conn, make_worker):

@@ -16,11 +16,11 @@ SELECT id, queue, kind, attempt, locked_by,
 
 -- name: retry_ids
 -- Put failed or cancelled jobs back in the queue with a fresh budget of
--- attempts on top of those spent.  Running, queued and done jobs are left
--- alone.
+-- attempts on top of those spent (attempt - putbacks: see put_back_unknown
+-- in jobs.sql).  Running, queued and done jobs are left alone.
 UPDATE pgfence.jobs
    SET status = 'queued', run_at = now(), finished_at = NULL, locked_by = NULL,
-       lease_until = NULL, max_attempts = attempt + %(extra_attempts)s, reclaims = 0
+       lease_until = NULL, max_attempts = attempt - putbacks + %(extra_attempts)s, reclaims = 0
  WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled')
 RETURNING id;
 
@@ -28,7 +28,7 @@ RETURNING id;
 -- Put every failed job back in the queue (see retry_ids).
 UPDATE pgfence.jobs
    SET status = 'queued', run_at = now(), finished_at = NULL, locked_by = NULL,
-       lease_until = NULL, max_attempts = attempt + %(extra_attempts)s, reclaims = 0
+       lease_until = NULL, max_attempts = attempt - putbacks + %(extra_attempts)s, reclaims = 0
  WHERE status = 'failed'
 RETURNING id;
 
@@ -66,3 +66,15 @@ SELECT queue, status, count(*)::bigint AS jobs,
            WHERE status = 'queued' AND run_at <= now())), 0)::float8 AS oldest_age
   FROM pgfence.jobs
  GROUP BY queue, status;
+
+-- name: failed_jobs
+-- The newest failed jobs first, with their errors, optionally of one queue
+-- and one kind; read from jobs_failed_idx, which holds failed jobs alone.
+SELECT id, queue, kind, attempt, attempt - putbacks AS spent, max_attempts, reclaims,
+       created_at, finished_at, last_error, last_traceback
+  FROM pgfence.jobs
+ WHERE status = 'failed'
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+ ORDER BY finished_at DESC NULLS LAST, id DESC
+ LIMIT %(limit)s;

@@ -4,7 +4,8 @@
 -- (reclaims), highest priority first, then oldest run_at, then id.  Every
 -- claim bumps attempt, the fencing token.  A reclaim on the final attempt,
 -- or past max_reclaims, turns the job failed instead of running it again.
--- prev_status tells reclaims apart.
+-- prev_status tells reclaims apart.  The attempts spent are attempt -
+-- putbacks: a put-back (put_back_unknown) is a claim that ran nothing.
 -- The verdict is computed from the row versions that FOR UPDATE locked, never
 -- from an older snapshot of the same rows.  The payload comes back as text:
 -- the worker decodes it only if the handler reads it.
@@ -22,7 +23,7 @@ WITH candidates AS (
       FROM unnest(%(queues)s::text[]) AS wanted(queue)
      CROSS JOIN LATERAL (
         SELECT * FROM (
-            SELECT id, status AS prev_status, attempt, max_attempts,
+            SELECT id, status AS prev_status, attempt - putbacks AS spent, max_attempts,
                    reclaims AS new_reclaims, max_reclaims, priority, run_at
               FROM pgfence.jobs
              WHERE queue = wanted.queue AND status = 'queued' AND run_at <= now()
@@ -31,7 +32,7 @@ WITH candidates AS (
                FOR UPDATE SKIP LOCKED) AS queued
         UNION ALL
         SELECT * FROM (
-            SELECT id, status, attempt, max_attempts,
+            SELECT id, status, attempt - putbacks, max_attempts,
                    reclaims + 1, max_reclaims, priority, run_at
               FROM pgfence.jobs
              WHERE %(reclaim)s::boolean
@@ -45,10 +46,10 @@ WITH candidates AS (
 ), decided AS (
     SELECT id, prev_status, new_reclaims,
            CASE
-               WHEN attempt >= max_attempts THEN
+               WHEN spent >= max_attempts THEN
                    CASE WHEN prev_status = 'running'
-                        THEN format('lease expired on the final attempt (%%s of %%s)', attempt, max_attempts)
-                        ELSE format('no attempts left (%%s of %%s used)', attempt, max_attempts)
+                        THEN format('lease expired on the final attempt (%%s of %%s)', spent, max_attempts)
+                        ELSE format('no attempts left (%%s of %%s used)', spent, max_attempts)
                    END
                WHEN new_reclaims > max_reclaims THEN
                    format('quarantined: lost its worker %%s times (max_reclaims %%s)', new_reclaims, max_reclaims)
@@ -101,17 +102,76 @@ RETURNING j.id;
 
 -- name: fail_or_retry
 -- Fenced error report: back to queued with run_at pushed by the backoff, or
--- failed once the attempts are spent.  A stale worker's report matches nothing.
+-- failed once the attempts are spent (attempt - putbacks: put-backs spent
+-- none).  A stale worker's report matches nothing.  last_traceback is the
+-- error's traceback, or NULL when it has none.
 UPDATE pgfence.jobs
-   SET status      = CASE WHEN attempt >= max_attempts OR %(final)s THEN 'failed' ELSE 'queued' END,
-       run_at      = CASE WHEN attempt >= max_attempts OR %(final)s THEN run_at
-                          ELSE now() + make_interval(secs => %(backoff)s::float8) END,
-       finished_at = CASE WHEN attempt >= max_attempts OR %(final)s THEN now() END,
-       last_error  = %(error)s,
-       locked_by   = NULL,
-       lease_until = NULL
+   SET status         = CASE WHEN attempt - putbacks >= max_attempts OR %(final)s THEN 'failed' ELSE 'queued' END,
+       run_at         = CASE WHEN attempt - putbacks >= max_attempts OR %(final)s THEN run_at
+                             ELSE now() + make_interval(secs => %(backoff)s::float8) END,
+       finished_at    = CASE WHEN attempt - putbacks >= max_attempts OR %(final)s THEN now() END,
+       last_error     = %(error)s,
+       last_traceback = %(traceback)s,
+       locked_by      = NULL,
+       lease_until    = NULL
  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
-RETURNING status, queue, kind;
+RETURNING status, queue, kind, attempt - putbacks AS spent, max_attempts;
+
+-- name: put_back_unknown
+-- Fenced put-back of a job whose kind this worker does not know (a rolling
+-- deploy: a worker that knows it may not be up yet).  The job goes back to
+-- queued with run_at %(delay)s seconds from now and putbacks + 1, so the
+-- attempt this claim took is not counted as spent; attempt itself stays, as
+-- the fencing token never goes back.  Once the job is %(give_up)s seconds
+-- old (from created_at, by the database clock) it is failed instead, with
+-- %(error)s.  Returns the new status; no row when this attempt no longer
+-- owns the job.
+UPDATE pgfence.jobs j
+   SET status         = CASE WHEN d.give_up THEN 'failed' ELSE 'queued' END,
+       putbacks       = j.putbacks + CASE WHEN d.give_up THEN 0 ELSE 1 END,
+       run_at         = CASE WHEN d.give_up THEN j.run_at
+                             ELSE now() + make_interval(secs => %(delay)s::float8) END,
+       finished_at    = CASE WHEN d.give_up THEN now() END,
+       last_error     = CASE WHEN d.give_up THEN %(error)s ELSE j.last_error END,
+       last_traceback = CASE WHEN d.give_up THEN NULL ELSE j.last_traceback END,
+       locked_by      = NULL,
+       lease_until    = NULL
+  FROM (SELECT created_at <= now() - make_interval(secs => %(give_up)s::float8) AS give_up
+          FROM pgfence.jobs WHERE id = %(id)s) d
+ WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.status = 'running'
+RETURNING j.status;
+
+-- name: next_run_at
+-- Seconds until the earliest run_at still to come among the queued jobs of
+-- %(queues)s (NULL if none): how long an idle worker may sleep before a
+-- delayed job or a retry becomes due.  jobs_queued_idx is ordered by
+-- priority first, so min(run_at) would read every queued job of a queue.
+-- Instead the distinct priorities of each queue are walked down the index
+-- (one descent each, a "skip scan"), and for each priority the first run_at
+-- after now() is one more descent: a few index pages per priority, however
+-- many jobs wait.  (A separate index on (queue, run_at) would make this one
+-- descent, but would cost every enqueue, claim and retry an index entry, to
+-- speed up a look-up made only by a worker that found nothing to do.)
+WITH RECURSIVE priorities AS (
+    SELECT wanted.queue,
+           (SELECT priority FROM pgfence.jobs
+             WHERE queue = wanted.queue AND status = 'queued'
+             ORDER BY priority DESC LIMIT 1) AS priority
+      FROM unnest(%(queues)s::text[]) AS wanted(queue)
+    UNION ALL
+    SELECT p.queue,
+           (SELECT priority FROM pgfence.jobs
+             WHERE queue = p.queue AND status = 'queued' AND priority < p.priority
+             ORDER BY priority DESC LIMIT 1)
+      FROM priorities p
+     WHERE p.priority IS NOT NULL
+)
+SELECT extract(epoch FROM min(
+           (SELECT run_at FROM pgfence.jobs
+             WHERE queue = p.queue AND status = 'queued' AND priority = p.priority AND run_at > now()
+             ORDER BY priority DESC, run_at LIMIT 1)) - now())::float8
+  FROM priorities p
+ WHERE p.priority IS NOT NULL;
 
 -- name: release
 -- Fenced release: hands a claimed job back to the queue at once, for a job
