@@ -31,6 +31,17 @@ def env_with(dsn: str, folder: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def finish(proc: subprocess.Popen, timeout: float = 30) -> tuple[str, str, int]:
+    """(stdout, stderr, exit status) of a process expected to exit by
+    itself; killed at the deadline (exit -9) if it does not."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return out, err, proc.returncode
+
+
 # -- async handlers ---------------------------------------------------------------
 
 
@@ -105,7 +116,7 @@ def test_an_async_handler_module_stops_run_and_work_with_one_line(dsn, conn, tmp
     env = env_with(dsn, tmp_path)
     procs = [spawn("run", "--handlers", "amod", env=env), spawn("work", "--burst", "--handlers", "amod", env=env),
              spawn("enqueue", "t_async", "--handlers", "amod", env=env)]
-    results = [p.communicate(timeout=60) + (p.returncode,) for p in procs]
+    results = [finish(p) for p in procs]
     assert results == [("", ASYNC_REFUSED, 2)] * 3
     # Nothing was written: no kind registered, no job.
     assert scalar(conn, "SELECT count(*) FROM pgfence.kinds") == 0
