@@ -41,18 +41,23 @@ ALTER TABLE pgfence.jobs
 CREATE FUNCTION pgfence.jobs_kind_options() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    k pgfence.kinds%ROWTYPE;
+    k_queue        text;
+    k_max_attempts integer;
+    k_max_reclaims integer;
 BEGIN
-    SELECT * INTO k FROM pgfence.kinds WHERE kind = NEW.kind;
-    NEW.queue        := coalesce(NEW.queue, k.queue, 'default');
-    NEW.max_attempts := coalesce(NEW.max_attempts, k.max_attempts, 5);
-    NEW.max_reclaims := coalesce(NEW.max_reclaims, k.max_reclaims, 3);
+    SELECT queue, max_attempts, max_reclaims INTO k_queue, k_max_attempts, k_max_reclaims
+      FROM pgfence.kinds WHERE kind = NEW.kind;
+    NEW.queue        := coalesce(NEW.queue, k_queue, 'default');
+    NEW.max_attempts := coalesce(NEW.max_attempts, k_max_attempts, 5);
+    NEW.max_reclaims := coalesce(NEW.max_reclaims, k_max_reclaims, 3);
     RETURN NEW;
 END;
 $$;
 
 -- The WHEN clause keeps the function call (and its look-up) off every
--- insert that already carries all three options.
+-- insert that already carries all three options, which then costs what it
+-- did before.  An insert that leaves one out pays for the call: about 10 us
+-- of server CPU per row (bench/README.md, "Enqueue cost of pgfence.kinds").
 CREATE TRIGGER jobs_kind_options BEFORE INSERT ON pgfence.jobs
     FOR EACH ROW
     WHEN (NEW.queue IS NULL OR NEW.max_attempts IS NULL OR NEW.max_reclaims IS NULL)
