@@ -19,8 +19,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, db, embedded, errortext, migrate, multiproc, registry, retention, settings as settings_mod
-from .errors import ConfigError, PgfenceError, SchemaMissing
+from . import admin, db, embedded, errortext, kinds, migrate, multiproc, registry, retention, settings as settings_mod
+from .errors import ConfigError, PgfenceError, SchemaMissing, UnknownHandler
 from .loadtest import options as loadtest_options
 from .producer import enqueue
 
@@ -108,9 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=int)
     p.add_argument("--max-reclaims", type=int)
     p.add_argument("--dedupe-key")
-    p.add_argument("--handlers", help="handler modules that define the kind (default: the bundled ones)")
+    p.add_argument("--config", help="TOML settings file, for its handlers (default: PGFENCE_CONFIG)")
+    p.add_argument("--handlers", help="handler modules that define the kind "
+                                      "(default: PGFENCE_HANDLERS, the config file, else the bundled ones)")
     p.add_argument("--any-kind", action="store_true",
-                   help="accept a kind no loaded handler module defines (a worker elsewhere knows it)")
+                   help="accept a kind that neither a loaded handler module nor a worker has registered")
 
     p = sub.add_parser("status", help="jobs per queue and status, and running jobs")
     _common(p)
@@ -198,6 +200,23 @@ def _worker_settings(args: argparse.Namespace) -> settings_mod.Settings:
     return settings_mod.load(cli, config_path=getattr(args, "config", None))
 
 
+def _load_handlers(settings: settings_mod.Settings) -> None:
+    """Import the handler modules and warn about each handler whose queue
+    this worker does not serve: its jobs would wait for another worker."""
+    registry.load(settings.handlers)
+    for spec in registry.unserved(settings.queues):
+        log.warning("handler %r puts its jobs on queue %r, which this worker does not serve (queues: %s)",
+                    spec.kind, spec.queue or "default", ",".join(settings.queues))
+
+
+def _register_kinds(conn: Any) -> None:
+    """Record the loaded handlers' options in pgfence.kinds, where every
+    producer's enqueue finds them."""
+    changed = kinds.register(conn, registry.specs())
+    if changed:
+        log.info("recorded the options of kind(s) %s in pgfence.kinds", ", ".join(changed))
+
+
 def _reject_constant(name: str) -> Any:
     # Python's json accepts NaN and Infinity; JSON (and jsonb) does not.
     raise ConfigError(f"invalid --payload: not JSON ({name} is not a JSON value)")
@@ -241,9 +260,10 @@ def cmd_work(args: argparse.Namespace) -> int:
     if args.unprotected:
         settings = settings.replace(renew=False, fence=False)
         log.warning("UNPROTECTED worker: no lease renewal and no fence; a job may run twice")
-    registry.load(settings.handlers)
+    _load_handlers(settings)
     dsn, conn = _connect(args)
-    conn.close()
+    with conn:
+        _register_kinds(conn)
     worker = Worker(dsn, settings, name=args.name)
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -287,13 +307,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     # Handlers are imported here, before the fork, so a module that fails to
     # import stops the arbiter with one line, and children share its pages.
-    registry.load(settings.handlers)
+    _load_handlers(settings)
     dsn, conn = _connect(args)
     with conn:
         missing = migrate.pending(conn)
-    if missing:
-        raise SchemaMissing(f"pgfence schema is not up to date ({len(missing)} migration(s) pending): "
-                            "run 'pgfence migrate'")
+        if missing:
+            raise SchemaMissing(f"pgfence schema is not up to date ({len(missing)} migration(s) pending): "
+                                "run 'pgfence migrate'")
+        _register_kinds(conn)
     # The connection above is closed: the arbiter holds none when it forks.
     sock = _bind_metrics(settings)
     arbiter = Arbiter(dsn, settings, reload_settings=lambda: _worker_settings(args), metrics_sock=sock)
@@ -308,14 +329,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = _parse_payload(args.payload)
-    modules = [m for m in (args.handlers.split(",") if args.handlers else registry.DEFAULT_MODULES) if m.strip()]
-    registry.load(modules)
-    if not args.any_kind:
-        registry.get(args.kind)   # unknown kind: one line, nothing written
+    # The handler modules as every command finds them: --handlers, else
+    # PGFENCE_HANDLERS, else the config file, else the bundled ones.
+    settings = settings_mod.load({"handlers": args.handlers}, config_path=args.config)
+    registry.load(settings.handlers)
     delay = settings_mod.parse_duration("--delay", args.delay) if args.delay is not None else None
     run_at = _parse_time(args.run_at) if args.run_at else None
     _dsn_value, conn = _connect(args)
     with conn:
+        # A kind no local module defines is accepted when a worker has
+        # registered it; otherwise it is one line, and nothing is written.
+        if not args.any_kind and registry.find(args.kind) is None and not kinds.known(conn, args.kind):
+            known = ", ".join(registry.kinds()) or "none"
+            raise UnknownHandler(f"unknown job kind {args.kind!r} (known: {known}); no worker has registered it "
+                                 "either (--any-kind enqueues it anyway)")
         job_id = enqueue(conn, args.kind, payload, queue=args.queue, priority=args.priority,
                          run_at=run_at, delay=delay, max_attempts=args.max_attempts,
                          max_reclaims=args.max_reclaims, dedupe_key=args.dedupe_key)

@@ -42,7 +42,9 @@ def enqueue(
     """Enqueue one job on ``conn`` and return its id.
 
     ``queue``, ``max_attempts`` and ``max_reclaims`` default to the options of
-    the kind's handler when it is registered in this process.  With a
+    the kind's handler when it is registered in this process; otherwise to
+    those a worker recorded in ``pgfence.kinds`` (applied by the database),
+    else to ``default``, 5 and 3.  An explicit value always wins.  With a
     ``dedupe_key`` the id of the live (queued or running) job holding that key
     is returned instead of a new one.
     """
@@ -73,7 +75,7 @@ def enqueue(
     params = {
         "kind": kind,
         "payload": Jsonb(payload if payload is not None else {}),
-        "queue": queue or "default",
+        "queue": queue or None,   # None: the database applies the kind's queue
         "priority": priority,
         "run_at": run_at,
         "delay": float(delay or 0.0),

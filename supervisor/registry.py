@@ -2,12 +2,21 @@
 
 Handler modules are found by import path (``--handlers mypkg.jobs,other``),
 so users keep their handlers outside this repository.  Importing a module
-registers its handlers as a side effect of the decorators.
+registers its handlers as a side effect of the decorators.  Like celery and
+gunicorn, :func:`load` imports from the current directory too.
+
+Handlers run synchronously: an ``async def`` handler is refused when it is
+registered, since the worker would call it, get a coroutine that never runs,
+and complete the job.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
+import os
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -59,10 +68,46 @@ def handler(
         raise ConfigError(f"handler {kind!r}: max_reclaims must be 0 or more, got {max_reclaims}")
 
     def register(func: Callable) -> Callable:
+        if is_async(func):
+            raise ConfigError(f"handler {kind!r} ({_name_of(func)}) is asynchronous; pgfence runs handlers "
+                              "synchronously and would never await it: define it with def, not async def")
         _REGISTRY[kind] = HandlerSpec(kind, func, queue, lease, timeout, max_attempts, max_reclaims)
         return func
 
     return register
+
+
+def is_async(func: Callable) -> bool:
+    """Whether calling ``func`` returns a coroutine or an async generator
+    instead of running it: an ``async def`` function, a
+    ``functools.partial`` of one, or an object whose ``__call__`` is one.
+
+    A synchronous wrapper of an async function (one that runs it with
+    ``asyncio.run``) is synchronous, so ``__wrapped__`` is not followed.
+    """
+    while isinstance(func, functools.partial):
+        func = func.func
+    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+        return True
+    if inspect.isfunction(func) or inspect.ismethod(func) or inspect.isclass(func) or inspect.isbuiltin(func):
+        return False
+    call = getattr(type(func), "__call__", None)
+    return call is not None and (inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call))
+
+
+def _name_of(func: Callable) -> str:
+    while isinstance(func, functools.partial):
+        func = func.func
+    name = getattr(func, "__qualname__", None) or type(func).__qualname__
+    module = getattr(func, "__module__", None) or type(func).__module__
+    return f"{module}.{name}"
+
+
+def unserved(queues: Iterable[str]) -> list[HandlerSpec]:
+    """The registered handlers whose jobs go to a queue not in ``queues``
+    (a handler without a queue option puts its jobs on ``default``)."""
+    served = set(queues)
+    return [s for s in specs() if (s.queue or "default") not in served]
 
 
 def get(kind: str) -> HandlerSpec:
@@ -85,8 +130,23 @@ def specs() -> list[HandlerSpec]:
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
 
 
+def _cwd_on_path() -> None:
+    """Put the current directory at the front of ``sys.path``, as celery and
+    gunicorn do, so that ``--handlers myjobs`` finds ``./myjobs.py`` whether
+    pgfence was started as a console script (whose ``sys.path[0]`` is the
+    script's own folder) or with ``python -m``."""
+    try:
+        cwd = os.getcwd()
+    except OSError:   # the directory was removed under us: nothing to add
+        return
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def load(modules: Iterable[str]) -> list[str]:
-    """Import handler modules by dotted path; return the kinds now known."""
+    """Import handler modules by dotted path (the current directory first);
+    return the kinds now known."""
+    _cwd_on_path()
     for name in modules:
         name = name.strip()
         if not name:

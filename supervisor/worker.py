@@ -9,6 +9,7 @@ own.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import random
@@ -267,7 +268,9 @@ class Worker:
         if spec is None:
             return self._put_back_unknown(job)
         try:
-            spec.func(job)
+            result = spec.func(job)
+            if inspect.isawaitable(result) and not job.completed:
+                return self._refuse_awaitable(job, result)
             if not job.completed:
                 if deferred is not None and job.fence:
                     deferred.append(job)
@@ -297,6 +300,17 @@ class Worker:
             return self._fail(job, f"{type(exc).__name__}: {db.first_line(exc)}", final=False, exc=exc)
         metrics.JOBS_COMPLETED.labels(job.queue, job.kind).inc()
         return DONE
+
+    def _refuse_awaitable(self, job: Job, result: object) -> str:
+        """A handler returned a coroutine (or another awaitable) that nothing
+        here would await: the work never ran, so the job fails instead of
+        being completed.  The registry refuses ``async def`` handlers; this
+        catches a synchronous function that returns an awaitable."""
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()   # no "coroutine was never awaited" warning
+        return self._fail(job, f"handler returned an awaitable ({type(result).__name__}) instead of running: "
+                               "pgfence runs handlers synchronously", final=True)
 
     def backoff(self, attempt: int) -> float:
         """Exponential backoff with jitter: half to all of base * 2**(attempt-1)."""

@@ -12,7 +12,7 @@ from pgtools import pgfence, scalar, spawn, wait_for
 from supervisor import migrate
 
 EXPECTED_MIGRATIONS = [(1, "jobs"), (2, "handler_tables"), (3, "jobs_fillfactor"), (4, "complete_fenced"),
-                       (5, "claim_indexes"), (7, "putbacks_tracebacks")]
+                       (5, "claim_indexes"), (6, "kinds"), (7, "putbacks_tracebacks")]
 
 
 def schema_dump(conn: psycopg.Connection, *, with_applied_at: bool = True) -> dict:
@@ -86,8 +86,7 @@ def test_concurrent_migrators_apply_the_schema_once(empty_dsn, dsn):
 
         assert [(rc, err) for _out, err, rc in results] == [(0, ""), (0, "")]
         assert sorted(out for out, _err, _rc in results) == sorted(
-            ["applied 0001_jobs\napplied 0002_handler_tables\napplied 0003_jobs_fillfactor\napplied 0004_complete_fenced\n"
-             "applied 0005_claim_indexes\napplied 0007_putbacks_tracebacks\n",
+            ["".join(f"applied {version:04d}_{name}\n" for version, name in EXPECTED_MIGRATIONS),
              "schema up to date\n"])
         assert holder.execute("SELECT version, name FROM pgfence.migrations ORDER BY version").fetchall() == \
             EXPECTED_MIGRATIONS
