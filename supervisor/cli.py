@@ -201,9 +201,17 @@ def _worker_settings(args: argparse.Namespace) -> settings_mod.Settings:
 
 
 def _load_handlers(settings: settings_mod.Settings) -> None:
-    """Import the handler modules and warn about each handler whose queue
-    this worker does not serve: its jobs would wait for another worker."""
+    """Import the handler modules, refuse a heartbeat setting that cannot
+    keep their leases, and warn about each handler whose queue this worker
+    does not serve: its jobs would wait for another worker."""
     registry.load(settings.handlers)
+    # Imported here, not at the top: it imports prometheus_client, which
+    # `pgfence run` must not import before its metrics directory is set
+    # (the handler modules just loaded import it too).
+    from .heartbeat import validate_heartbeat
+
+    # Refused before anything is written (pgfence.kinds among them).
+    validate_heartbeat(settings.heartbeat, registry.specs())
     for spec in registry.unserved(settings.queues):
         log.warning("handler %r puts its jobs on queue %r, which this worker does not serve (queues: %s)",
                     spec.kind, spec.queue or "default", ",".join(settings.queues))

@@ -218,9 +218,8 @@ class HeartbeatManager:
                     renewed = set(conn.execute(q("renew"), params).fetchall())
                     missed = [lease.id for lease in live if (lease.id, lease.attempt) not in renewed]
                     # Only a round that lost leases asks why.
-                    statuses = dict(
-                        (job_id, status) for job_id, status, _attempt in
-                        conn.execute(q("renew_verdicts"), {"ids": missed}).fetchall()) if missed else {}
+                    verdicts = {job_id: (status, attempt) for job_id, status, attempt in
+                                conn.execute(q("renew_verdicts"), {"ids": missed}).fetchall()} if missed else {}
         except (psycopg.Error, OSError, Exception) as exc:  # noqa: BLE001 - any failure is a failed round
             result.error = db.first_line(exc)
             log.warning("lease renewal failed: %s", result.error)
@@ -239,8 +238,14 @@ class HeartbeatManager:
             if (lease.id, lease.attempt) in renewed:
                 lease.renewed(sent_at)
                 result.renewed += 1
+            elif verdicts.get(lease.id) == ("done", lease.attempt):
+                # Completed by this very attempt (only its holder's fenced
+                # completion can do that) after the round read the leases:
+                # the lease ended as it should, nothing was lost.
+                continue
             else:
-                reason = "cancelled" if statuses.get(lease.id) == "cancelled" else "renewal_rejected"
+                status, _attempt = verdicts.get(lease.id, (None, None))
+                reason = "cancelled" if status == "cancelled" else "renewal_rejected"
                 if lease.mark_lost(reason):
                     result.add_lost(reason)
         return result

@@ -228,6 +228,27 @@ def test_renewal_of_a_cancelled_job_marks_the_lease_cancelled(dsn, conn, manager
     assert lost_total(queue, "effect", "cancelled") == lost_before + 1
 
 
+def test_a_job_its_attempt_completed_during_the_round_loses_no_lease(dsn, conn, managers):
+    """A worker completes its job between the round reading the leases and
+    the renewal statement (the round still holds the lease): the renewal
+    matches no row, and the lease simply ended; nothing is counted lost."""
+    from supervisor.metrics import LOST_REASONS
+
+    queue = "hb-completed"
+    job_id, lease = claim_one(conn, "owner", queue=queue)
+    assert conn.execute(q("complete"), {"id": job_id, "attempt": lease.attempt}).fetchall() == [(job_id,)]
+    manager = managers(dsn, default_lease=30.0)
+    manager.track(lease)
+    before = {reason: lost_total(queue, "effect", reason) for reason in LOST_REASONS}
+
+    result = manager.run_once()
+
+    assert (result.sent, result.renewed, result.lost, result.error) == (1, 0, {}, None)
+    assert lease.lost_reason is None
+    assert {reason: lost_total(queue, "effect", reason) for reason in LOST_REASONS} == before
+    assert job_row(conn, job_id)["status"] == "done"
+
+
 def test_one_round_reports_each_job_of_the_batch(dsn, conn, managers):
     """Held, reclaimed, cancelled and completed jobs renewed in one statement:
     only the held one is renewed, each other one lost for its own reason."""
