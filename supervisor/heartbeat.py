@@ -241,7 +241,9 @@ class HeartbeatManager:
             elif verdicts.get(lease.id) == ("done", lease.attempt):
                 # Completed by this very attempt (only its holder's fenced
                 # completion can do that) after the round read the leases:
-                # the lease ended as it should, nothing was lost.
+                # the lease ended as it should, nothing was lost, and there
+                # is nothing left to renew.
+                self.untrack(lease)
                 continue
             else:
                 status, _attempt = verdicts.get(lease.id, (None, None))
