@@ -22,8 +22,8 @@ from typing import Any
 
 import psycopg
 
-from . import db, metrics
-from .errors import LeaseLost
+from . import db, metrics, sqltext
+from .errors import LeaseLost, NotCommitted
 from .lease import Lease
 from .queries import q
 
@@ -169,10 +169,34 @@ class Job:
         writes = Writes()
         yield writes
         writes.execute(*self._raising_completion())
-        with self._raising_fence(), psycopg.ClientCursor(self.conn) as cursor:
-            script = b"; ".join([b"BEGIN", *(cursor.mogrify(query, params).strip().rstrip(";").encode()
-                                            for query, params in writes.statements), b"COMMIT"])
+        conn = self.conn
+        with self._raising_fence(), psycopg.ClientCursor(conn) as cursor:
+            # Each statement is checked to be exactly one, with no trailing
+            # comment, quote or semicolon that could swallow the completion
+            # or the COMMIT; the script is encoded as the connection encodes
+            # (its client_encoding), not always as UTF-8.
+            standard = conn.info.parameter_status("standard_conforming_strings") != b"off"
+            statements = [sqltext.one_statement(cursor.mogrify(query, params), standard_strings=standard)
+                          for query, params in writes.statements]
+            script = ";\n".join(["BEGIN", *statements, "COMMIT"]).encode(conn.info.encoding)
             cursor.execute(script)
+            self._check_committed(cursor, len(statements))
+
+    def _check_committed(self, cursor: psycopg.ClientCursor, statements: int) -> None:
+        """After a one-message block: every statement answered, the last a
+        COMMIT, the completion returned its row, and the connection out of
+        any transaction.  Anything else means the completion did not commit
+        as sent: raise NotCommitted (the caller rolls back)."""
+        answers = [(cursor.statusmessage, cursor.rowcount)]
+        while cursor.nextset():
+            answers.append((cursor.statusmessage, cursor.rowcount))
+        status = self.conn.info.transaction_status
+        expected = statements + 2   # BEGIN, the statements (completion included), COMMIT
+        if (status != psycopg.pq.TransactionStatus.IDLE or len(answers) != expected
+                or answers[-1][0] != "COMMIT" or answers[-2][1] != 1):
+            raise NotCommitted(f"job {self.id} attempt {self.attempt}: the one-message block did not commit "
+                               f"({len(answers)} of {expected} statements answered, last "
+                               f"{answers[-1][0]!r}, connection {status.name}); its writes were rolled back")
 
     def _raising_completion(self) -> tuple[str, dict]:
         """The completion that raises PF001 when the fence refuses (or, in
