@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,16 +29,31 @@ from .lease import Lease
 from .queries import q
 
 
-def idempotency_key(job_id: int, kind: str, dedupe_key: str | None) -> str:
-    """The key for effects outside the database.
+def idempotency_key(job_id: int) -> str:
+    """The key for effects outside the database: ``pgfence:job:<id>``.
 
-    It is derived from the job's identity, never from its attempt, so every
-    attempt of one job sends the same key.  A job enqueued with a dedupe key
-    uses that key, so re-enqueuing the same business event gets the same key.
+    Derived from the job's id, never from its attempt: every attempt of one
+    job sends the same key, and no two jobs of a database share one (ids
+    are never reused), also when a later job has the same kind and dedupe
+    key as an earlier one that finished.
     """
-    if dedupe_key:
-        return f"pgfence:{kind}:{dedupe_key}"
-    return f"pgfence:job:{job_id}"
+    return f"pgfence:job:{int(job_id)}"
+
+
+def dedupe_idempotency_key(kind: str, dedupe_key: str) -> str:
+    """The key shared by EVERY job of ``kind`` enqueued with ``dedupe_key``,
+    ever (also after an earlier one finished):
+    ``pgfence:dedupe:<kind>:<dedupe key>``, both parts percent-encoded, so
+    that no two (kind, dedupe key) pairs, and no job id key, can give the
+    same text.  Only for a dedupe key that names one business event whose
+    effect must happen once in all time."""
+    return f"pgfence:dedupe:{_part(kind)}:{_part(dedupe_key)}"
+
+
+def _part(text: str) -> str:
+    """``text`` percent-encoded (UTF-8): no ``:`` nor ``%`` is left, and the
+    key stays ASCII (an HTTP header value)."""
+    return urllib.parse.quote(text, safe="")
 
 
 class RawJSON(str):
@@ -86,7 +102,19 @@ class Job:
 
     @property
     def idempotency_key(self) -> str:
-        return idempotency_key(self.id, self.kind, self.dedupe_key)
+        """``pgfence:job:<id>``: the same for every attempt of this job, and
+        shared with no other job."""
+        return idempotency_key(self.id)
+
+    @property
+    def dedupe_idempotency_key(self) -> str | None:
+        """The key shared by every job of this kind with this dedupe key,
+        ever (see :func:`dedupe_idempotency_key`); None without a dedupe
+        key.  Use it only when a later job with the same dedupe key must
+        not repeat the effect of an earlier, finished one."""
+        if not self.dedupe_key:
+            return None
+        return dedupe_idempotency_key(self.kind, self.dedupe_key)
 
     @property
     def lease_lost(self) -> bool:
