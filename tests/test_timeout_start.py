@@ -4,6 +4,7 @@ when the claim was sent, as the worker's own does (review F16)."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -15,6 +16,7 @@ from supervisor.heartbeat_process import HeartbeatProcess
 from supervisor.settings import Settings
 from supervisor.slots import ACTIVE, SlotTable
 from supervisor.worker import Worker
+from test_supervisor_faults import supervisors  # noqa: F401 - the fixture
 
 #: Each job of the batch works this long; the timeout is shorter than the
 #: wait of the batch's last jobs, longer than any one job.
@@ -108,3 +110,37 @@ def test_the_slot_publishes_the_claims_send_time_and_the_handlers_start(dsn, con
         process.manager.stop()
         worker.close()
     assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'done'") == 1
+
+
+BATCH_MODULE = "pgfence_batch_timeout_handlers"
+BATCH_SOURCE = f"""\
+import time
+
+from supervisor import handler
+
+
+@handler("t_batched", timeout={TIMEOUT})
+def batched(job):
+    time.sleep({WORK})
+    job.check()
+"""
+
+
+def test_under_pgfence_run_the_heartbeat_and_the_arbiter_count_from_the_handlers_start(
+        dsn, conn, tmp_path, supervisors):  # noqa: F811
+    """One child claims four 0.4 s jobs with a 1 s timeout in one batch:
+    the last starts 1.2 s after the claim.  Counted from the claim, the
+    heartbeat process told the child it timed out and the arbiter killed
+    it (1 s + the 0.5 s grace); counted from the handler's start (published
+    in the slot), all four are done on their first attempt, nobody killed."""
+    (tmp_path / f"{BATCH_MODULE}.py").write_text(BATCH_SOURCE)
+    ids = [enqueue(conn, "t_batched") for _ in range(4)]
+    sup = supervisors(workers=1, batch=4, lost_lease_kill_after=0.5, handlers=BATCH_MODULE)
+    sup.wait(lambda: scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status <> 'running' "
+                                  "AND (status = 'done' OR last_error IS NOT NULL)") == 4, 20, "four jobs ended")
+    assert conn.execute("SELECT id, status, attempt, reclaims, last_error FROM pgfence.jobs ORDER BY id").fetchall() \
+        == [(i, "done", 1, 0, None) for i in ids]
+    log = sup.log()
+    assert "killing it" not in log and "timed out" not in log, log
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
