@@ -407,8 +407,8 @@ class Arbiter:
                 # (its lease marked lost, while the job stays held), and is
                 # killed the grace period after it, whether it ticks or not;
                 # its job is then released at once as a timed-out attempt.
-                if held.timeout is not None:
-                    kill_at = held.claimed_at + held.timeout + grace
+                if held.timeout is not None and held.started_at is not None:
+                    kill_at = held.started_at + held.timeout + grace
                     if now >= kill_at:
                         c.killed_for_lost = True
                         log.warning("worker %d (pid %d) still runs job %d attempt %d %gs after its timeout "

@@ -61,7 +61,15 @@ class SlotLeases:
             entry = self._free.pop()
             self._entries[lease] = entry
         self.table.publish(self.slot, entry, lease.id, lease.attempt, lease.seconds,
-                           lease.claimed_at, lease.timeout)
+                           lease.claimed_at, lease.timeout, lease.started_at)
+
+    def handler_started(self, lease: Lease) -> None:
+        """Publish when the handler started: the heartbeat and the arbiter
+        count the job's timeout from it."""
+        with self._lock:
+            entry = self._entries.get(lease)
+        if entry is not None and lease.started_at is not None:
+            self.table.started(self.slot, entry, lease.started_at)
 
     def untrack(self, lease: Lease) -> None:
         with self._lock:

@@ -49,6 +49,19 @@ class LeaseLost(PgfenceError):
         self.reason = reason
 
 
+class UnsafeStatement(PgfenceError):
+    """A statement given to :meth:`Job.fenced_writes` cannot be sent safely
+    in one message with the fenced completion (an unterminated quote or
+    comment, several statements in one string, transaction control); nothing
+    was sent."""
+
+
+class NotCommitted(PgfenceError):
+    """A block sent in one message came back without its completion
+    committed (the connection still in a transaction, or a statement
+    missing from the answers); it was rolled back."""
+
+
 class PayloadRejected(PgfenceError):
     """A handler refuses a payload it cannot work with; the job fails at once,
     without retries."""

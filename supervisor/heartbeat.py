@@ -134,6 +134,12 @@ class HeartbeatManager:
         with self._lock:
             self._leases.pop((lease.id, lease.attempt), None)
 
+    def handler_started(self, lease: Lease) -> None:
+        """The handler of ``lease``'s job started (``lease.started_at`` is
+        set): its timeout may fall before the round the thread waits for."""
+        if self._thread is not None and self.next_event(lease) < self._next_at:
+            self._wake.set()
+
     def tracked(self) -> list[Lease]:
         with self._lock:
             return list(self._leases.values())
@@ -151,14 +157,14 @@ class HeartbeatManager:
     def holding(self, lease: Lease, now: float) -> bool:
         """A timed-out lease is still renewed within the grace after its
         timeout, until its deadline passes."""
-        return (lease.timeout is not None and now < lease.claimed_at + lease.timeout + self.timeout_grace
-                and not lease.expired(now))
+        return (lease.timeout is not None and lease.started_at is not None
+                and now < lease.started_at + lease.timeout + self.timeout_grace and not lease.expired(now))
 
     def next_event(self, lease: Lease) -> float:
         """When ``lease`` next needs a round: its renewal, or its timeout."""
         at = self.due(lease)
-        if lease.timeout is not None and lease.lost_reason is None:
-            at = min(at, lease.claimed_at + lease.timeout)
+        if lease.timeout is not None and lease.started_at is not None and lease.lost_reason is None:
+            at = min(at, lease.started_at + lease.timeout)
         return at
 
     def next_round(self, leases: list[Lease], now: float) -> float:

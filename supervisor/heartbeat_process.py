@@ -74,8 +74,10 @@ class HeartbeatProcess:
                         deadline, lost, lost_at, failing = max(deadline, news[0]), news[1], news[2], news[3]
                     lease = self._leases[key] = Lease(
                         held.job_id, held.attempt, held.lease, deadline=deadline,
-                        claimed_at=held.claimed_at, timeout=held.timeout, count=False,
-                        lost_reason=lost, lost_at=lost_at if lost else 0.0, failing=failing)
+                        claimed_at=held.claimed_at, started_at=held.started_at, timeout=held.timeout,
+                        count=False, lost_reason=lost, lost_at=lost_at if lost else 0.0, failing=failing)
+                elif lease.started_at is None:
+                    lease.started_at = held.started_at   # the handler started since the last round
                 if alive:
                     renew.append(lease)
                     keys.append(key)
@@ -103,7 +105,8 @@ class HeartbeatProcess:
                 # Killed past its timeout (see Arbiter.murder_workers): the
                 # attempt failed, and the job is released at once.
                 timed_out = (lease is not None and lease.lost_reason == "timeout") or (
-                    held.timeout is not None and now - held.claimed_at >= held.timeout)
+                    held.timeout is not None and held.started_at is not None
+                    and now - held.started_at >= held.timeout)
                 items.append((held.job_id, held.attempt, state == ORPHANED_CRASH and not timed_out,
                               f"timed out after {held.timeout:g}s; worker killed" if timed_out else None))
                 known.add(held.job_id)

@@ -16,28 +16,44 @@ from __future__ import annotations
 
 import contextlib
 import json
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
-from . import db, metrics
-from .errors import LeaseLost
+from . import db, metrics, sqltext
+from .errors import LeaseLost, NotCommitted
 from .lease import Lease
 from .queries import q
 
 
-def idempotency_key(job_id: int, kind: str, dedupe_key: str | None) -> str:
-    """The key for effects outside the database.
+def idempotency_key(job_id: int) -> str:
+    """The key for effects outside the database: ``pgfence:job:<id>``.
 
-    It is derived from the job's identity, never from its attempt, so every
-    attempt of one job sends the same key.  A job enqueued with a dedupe key
-    uses that key, so re-enqueuing the same business event gets the same key.
+    Derived from the job's id, never from its attempt: every attempt of one
+    job sends the same key, and no two jobs of a database share one (ids
+    are never reused), also when a later job has the same kind and dedupe
+    key as an earlier one that finished.
     """
-    if dedupe_key:
-        return f"pgfence:{kind}:{dedupe_key}"
-    return f"pgfence:job:{job_id}"
+    return f"pgfence:job:{int(job_id)}"
+
+
+def dedupe_idempotency_key(kind: str, dedupe_key: str) -> str:
+    """The key shared by EVERY job of ``kind`` enqueued with ``dedupe_key``,
+    ever (also after an earlier one finished):
+    ``pgfence:dedupe:<kind>:<dedupe key>``, both parts percent-encoded, so
+    that no two (kind, dedupe key) pairs, and no job id key, can give the
+    same text.  Only for a dedupe key that names one business event whose
+    effect must happen once in all time."""
+    return f"pgfence:dedupe:{_part(kind)}:{_part(dedupe_key)}"
+
+
+def _part(text: str) -> str:
+    """``text`` percent-encoded (UTF-8): no ``:`` nor ``%`` is left, and the
+    key stays ASCII (an HTTP header value)."""
+    return urllib.parse.quote(text, safe="")
 
 
 class RawJSON(str):
@@ -86,7 +102,19 @@ class Job:
 
     @property
     def idempotency_key(self) -> str:
-        return idempotency_key(self.id, self.kind, self.dedupe_key)
+        """``pgfence:job:<id>``: the same for every attempt of this job, and
+        shared with no other job."""
+        return idempotency_key(self.id)
+
+    @property
+    def dedupe_idempotency_key(self) -> str | None:
+        """The key shared by every job of this kind with this dedupe key,
+        ever (see :func:`dedupe_idempotency_key`); None without a dedupe
+        key.  Use it only when a later job with the same dedupe key must
+        not repeat the effect of an earlier, finished one."""
+        if not self.dedupe_key:
+            return None
+        return dedupe_idempotency_key(self.kind, self.dedupe_key)
 
     @property
     def lease_lost(self) -> bool:
@@ -169,10 +197,34 @@ class Job:
         writes = Writes()
         yield writes
         writes.execute(*self._raising_completion())
-        with self._raising_fence(), psycopg.ClientCursor(self.conn) as cursor:
-            script = b"; ".join([b"BEGIN", *(cursor.mogrify(query, params).strip().rstrip(";").encode()
-                                            for query, params in writes.statements), b"COMMIT"])
+        conn = self.conn
+        with self._raising_fence(), psycopg.ClientCursor(conn) as cursor:
+            # Each statement is checked to be exactly one, with no trailing
+            # comment, quote or semicolon that could swallow the completion
+            # or the COMMIT; the script is encoded as the connection encodes
+            # (its client_encoding), not always as UTF-8.
+            standard = conn.info.parameter_status("standard_conforming_strings") != b"off"
+            statements = [sqltext.one_statement(cursor.mogrify(query, params), standard_strings=standard)
+                          for query, params in writes.statements]
+            script = ";\n".join(["BEGIN", *statements, "COMMIT"]).encode(conn.info.encoding)
             cursor.execute(script)
+            self._check_committed(cursor, len(statements))
+
+    def _check_committed(self, cursor: psycopg.ClientCursor, statements: int) -> None:
+        """After a one-message block: every statement answered, the last a
+        COMMIT, the completion returned its row, and the connection out of
+        any transaction.  Anything else means the completion did not commit
+        as sent: raise NotCommitted (the caller rolls back)."""
+        answers = [(cursor.statusmessage, cursor.rowcount)]
+        while cursor.nextset():
+            answers.append((cursor.statusmessage, cursor.rowcount))
+        status = self.conn.info.transaction_status
+        expected = statements + 2   # BEGIN, the statements (completion included), COMMIT
+        if (status != psycopg.pq.TransactionStatus.IDLE or len(answers) != expected
+                or answers[-1][0] != "COMMIT" or answers[-2][1] != 1):
+            raise NotCommitted(f"job {self.id} attempt {self.attempt}: the one-message block did not commit "
+                               f"({len(answers)} of {expected} statements answered, last "
+                               f"{answers[-1][0]!r}, connection {status.name}); its writes were rolled back")
 
     def _raising_completion(self) -> tuple[str, dict]:
         """The completion that raises PF001 when the fence refuses (or, in

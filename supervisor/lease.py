@@ -25,8 +25,11 @@ class Lease:
     kind: str = ""
     #: Monotonic time after which the lease must be taken as lost.
     deadline: float = 0.0
-    #: Monotonic time the job was claimed; with ``timeout`` it bounds the run.
+    #: Monotonic time the claim was SENT (the start of the first deadline).
     claimed_at: float = field(default_factory=time.monotonic)
+    #: Monotonic time the handler started (None: not yet, e.g. waiting
+    #: behind other jobs of its batch); ``timeout`` counts from it.
+    started_at: float | None = None
     timeout: float | None = None
     #: When false the deadline is not enforced (the demo's unprotected mode).
     enforce_deadline: bool = True
@@ -97,6 +100,8 @@ class Lease:
         return self.deadline - self.seconds
 
     def timed_out(self, now: float | None = None) -> bool:
-        if self.timeout is None:
+        """The handler has run ``timeout`` seconds (counted from its start,
+        not from the claim)."""
+        if self.timeout is None or self.started_at is None:
             return False
-        return (time.monotonic() if now is None else now) - self.claimed_at >= self.timeout
+        return (time.monotonic() if now is None else now) - self.started_at >= self.timeout

@@ -30,8 +30,9 @@ _HB_HEAD_OFF = 24
 _ARB_HEAD = struct.Struct("<dq")
 _ARB_HEAD_OFF = 56
 _SLOT = struct.Struct("<qqqd")         # state, pid, worker number, tick
-# Child-written: job id, attempt, lease s, claimed_at, timeout (0: none).
-_JOB = struct.Struct("<qqddd")
+# Child-written: job id, attempt, lease s, claimed_at (the claim's send
+# time), started_at (the handler's start; 0: not yet), timeout (0: none).
+_JOB = struct.Struct("<qqdddd")
 # Heartbeat-written: job id, attempt, deadline, lost code, lost_at, failing
 # (a renewal failed since the last success).
 _HB = struct.Struct("<qqdqdq")
@@ -48,6 +49,7 @@ class Held:
     attempt: int
     lease: float
     claimed_at: float
+    started_at: float | None
     timeout: float | None
 
 
@@ -131,12 +133,17 @@ class SlotTable:
     # -- jobs (child writes) -------------------------------------------------------
 
     def publish(self, slot: int, entry: int, job_id: int, attempt: int, lease: float,
-                claimed_at: float, timeout: float | None) -> None:
+                claimed_at: float, timeout: float | None, started_at: float | None = None) -> None:
         off = self._job_off(slot, entry)
         # The id goes last so a reader never sees a new id with old numbers.
-        struct.pack_into("<ddd", self.buf, off + 16, lease, claimed_at, timeout or 0.0)
+        struct.pack_into("<dddd", self.buf, off + 16, lease, claimed_at, started_at or 0.0, timeout or 0.0)
         struct.pack_into("<q", self.buf, off + 8, attempt)
         struct.pack_into("<q", self.buf, off, job_id)
+
+    def started(self, slot: int, entry: int, started_at: float) -> None:
+        """The handler of the job at ``entry`` started: its timeout counts
+        from ``started_at``."""
+        struct.pack_into("<d", self.buf, self._job_off(slot, entry) + 32, started_at)
 
     def clear(self, slot: int, entry: int) -> None:
         struct.pack_into("<q", self.buf, self._job_off(slot, entry), 0)
@@ -144,15 +151,17 @@ class SlotTable:
     def held(self, slot: int) -> list[Held]:
         out = []
         for entry in range(self.njobs):
-            job_id, attempt, lease, claimed_at, timeout = _JOB.unpack_from(self.buf, self._job_off(slot, entry))
+            job_id, attempt, lease, claimed_at, started_at, timeout = _JOB.unpack_from(
+                self.buf, self._job_off(slot, entry))
             if job_id:
-                out.append(Held(slot, entry, job_id, attempt, lease, claimed_at, timeout or None))
+                out.append(Held(slot, entry, job_id, attempt, lease, claimed_at, started_at or None,
+                                timeout or None))
         return out
 
     def clear_all(self, slot: int) -> None:
         for entry in range(self.njobs):
             off = self._job_off(slot, entry)
-            _JOB.pack_into(self.buf, off, 0, 0, 0.0, 0.0, 0.0)
+            _JOB.pack_into(self.buf, off, 0, 0, 0.0, 0.0, 0.0, 0.0)
             _HB.pack_into(self.buf, off + _JOB.size, 0, 0, 0.0, 0, 0.0, 0)
 
     # -- heartbeat writes, child reads ------------------------------------------------

@@ -183,8 +183,10 @@ class Worker:
             self.stats.claimed += 1
             spec = registry.find(kind)
             seconds = (spec.lease if spec and spec.lease else self.settings.lease)
+            # Deadline and claimed_at from the send time, here and in the
+            # heartbeat's copy (which starts from claimed_at).
             lease = Lease(job_id, attempt, seconds, queue, kind,
-                          deadline=sent_at + seconds,
+                          deadline=sent_at + seconds, claimed_at=sent_at,
                           timeout=(spec.timeout if spec and spec.timeout else self.settings.timeout),
                           enforce_deadline=self.settings.renew)
             if self.heartbeat is not None and self.settings.renew:
@@ -268,6 +270,13 @@ class Worker:
         if spec is None:
             return self._put_back_unknown(job)
         try:
+            # A job that waited behind others of its batch may have lost its
+            # lease meanwhile: it is not started.
+            job.check()
+            # Its timeout counts from here, not from the claim.
+            job.lease.started_at = time.monotonic()
+            if self.heartbeat is not None and self.settings.renew:
+                self.heartbeat.handler_started(job.lease)
             result = spec.func(job)
             if inspect.isawaitable(result) and not job.completed:
                 return self._refuse_awaitable(job, result)

@@ -77,11 +77,8 @@ def test_concurrent_enqueues_with_one_dedupe_key_make_one_job(dsn, conn):
     assert count_jobs(conn) == 1
 
 
-def test_idempotency_key_comes_from_id_or_dedupe_key_never_the_attempt(conn, make_worker):
-    assert idempotency_key(42, "send_receipt", None) == "pgfence:job:42"
-    assert idempotency_key(42, "send_receipt", "") == "pgfence:job:42"
-    assert idempotency_key(42, "send_receipt", "order-9") == "pgfence:send_receipt:order-9"
-    assert idempotency_key(43, "send_receipt", "order-9") == "pgfence:send_receipt:order-9"
+def test_idempotency_key_comes_from_the_id_never_the_attempt(conn, make_worker):
+    assert idempotency_key(42) == "pgfence:job:42"
 
     plain = enqueue(conn, "noop")
     worker = make_worker("w-key", lease=0.2)
@@ -92,7 +89,8 @@ def test_idempotency_key_comes_from_id_or_dedupe_key_never_the_attempt(conn, mak
     assert (one.id, one.attempt, two.id, two.attempt) == (plain, 1, plain, 2)
     assert one.idempotency_key == two.idempotency_key == f"pgfence:job:{plain}"
 
-    # Two jobs for one business event (the first finished) share the key.
+    # Two jobs with one dedupe key (the first finished): a key each, and
+    # the opt-in dedupe-key form shared.
     with two.fenced():
         pass
     a = enqueue(conn, "noop", dedupe_key="evt-1")
@@ -102,7 +100,8 @@ def test_idempotency_key_comes_from_id_or_dedupe_key_never_the_attempt(conn, mak
     b = enqueue(conn, "noop", dedupe_key="evt-1")
     [jb] = worker.claim()
     assert a != b and (ja.id, jb.id) == (a, b)
-    assert ja.idempotency_key == jb.idempotency_key == "pgfence:noop:evt-1"
+    assert (ja.idempotency_key, jb.idempotency_key) == (f"pgfence:job:{a}", f"pgfence:job:{b}")
+    assert ja.dedupe_idempotency_key == jb.dedupe_idempotency_key == "pgfence:dedupe:noop:evt-1"
 
 
 def test_enqueue_rolls_back_with_the_callers_transaction(dsn, conn):

@@ -40,12 +40,22 @@ def test_receipt_sent_once_with_the_idempotency_key(conn, sink, worker):
     assert (job_row(conn, job_id)["status"], job_row(conn, job_id)["attempt"]) == ("done", 1)
 
 
-def test_dedupe_key_gives_the_idempotency_key(conn, sink, worker):
-    job_id = enqueue(conn, "send_receipt", {"order_id": "A-2", "email": "b@example.com"}, dedupe_key="order-A-2")
+def test_a_later_job_with_the_same_dedupe_key_sends_its_own_key(conn, sink, worker):
+    """The dedupe key dedupes live jobs only: a job enqueued with it again
+    after the first finished is a new job with its own idempotency key, so
+    the email API does not drop its email as a repeat (before, both sent
+    'pgfence:send_receipt:order-A-2' and one email was sent for two jobs)."""
+    first = enqueue(conn, "send_receipt", {"order_id": "A-2", "email": "b@example.com"}, dedupe_key="order-A-2")
+    assert enqueue(conn, "send_receipt", {"order_id": "A-2", "email": "b@example.com"},
+                   dedupe_key="order-A-2") == first          # deduped while live
     worker.run(burst=True)
-    assert dict(sink.deliveries) == {"pgfence:send_receipt:order-A-2": 1}
-    assert scalar(conn, "SELECT idempotency_key FROM pgfence.receipts WHERE job_id = %s", (job_id,)) \
-        == "pgfence:send_receipt:order-A-2"
+    second = enqueue(conn, "send_receipt", {"order_id": "A-2", "email": "b@example.com"}, dedupe_key="order-A-2")
+    assert second != first
+    worker.run(burst=True)
+    assert dict(sink.deliveries) == {f"pgfence:job:{first}": 1, f"pgfence:job:{second}": 1}
+    assert sink.sent == 2
+    assert conn.execute("SELECT job_id, idempotency_key FROM pgfence.receipts ORDER BY job_id").fetchall() == [
+        (first, f"pgfence:job:{first}"), (second, f"pgfence:job:{second}")]
 
 
 def test_payload_without_email_fails_at_once(conn, sink, worker):

@@ -141,7 +141,7 @@ def _once(ev: Evidence, table: str, rows: dict[int, list[dict]], mix_name: str) 
 
 def _deliveries(ev: Evidence) -> dict:
     receipt_jobs = {j["id"]: j for j in ev.jobs if ev.enqueued.get(j["id"]) == "receipt"}
-    keys = {idempotency_key(job_id, "send_receipt", None): j for job_id, j in receipt_jobs.items()}
+    keys = {idempotency_key(job_id): j for job_id, j in receipt_jobs.items()}
     over = [{"job": j["id"], "requests": ev.deliveries[k], "attempt": j["attempt"]}
             for k, j in sorted(keys.items(), key=lambda kv: kv[1]["id"])
             if ev.deliveries.get(k, 0) > j["attempt"]]
