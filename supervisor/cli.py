@@ -410,9 +410,14 @@ def cmd_retry(args: argparse.Namespace) -> int:
         raise ConfigError("pgfence retry: give job ids or --failed")
     _dsn_value, conn = _connect(args)
     with conn:
-        ids = admin.retry(conn, args.ids, failed=args.failed)
+        result = admin.retry(conn, args.ids, failed=args.failed)
+    ids = result.requeued
     print(f"requeued {len(ids)} job(s)" + (f": {' '.join(map(str, ids))}" if ids else ""))
-    return 0
+    # The others are queued all the same; a skipped job makes the exit
+    # status 1, so that a script notices it.
+    for job_id, holder in result.skipped:
+        print(f"pgfence: skipped job {job_id}: job {holder} holds its dedupe key", file=sys.stderr)
+    return 1 if result.skipped else 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

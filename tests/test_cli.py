@@ -277,6 +277,39 @@ def test_retry_ids_and_failed(dsn, conn, make_worker):
     assert jobs[failed1].attempt == 4
 
 
+def add_failed_with_key(conn: psycopg.Connection, key: str | None) -> int:
+    return scalar(conn, """
+        INSERT INTO pgfence.jobs (kind, status, attempt, started_at, finished_at, last_error, dedupe_key)
+        VALUES ('noop', 'failed', 1, now(), now(), 'boom', %s) RETURNING id""", (key,))
+
+
+def test_retry_skips_jobs_whose_dedupe_key_a_live_job_holds_and_requeues_the_others(dsn, conn):
+    """Issue 10, point 9: one job that would break the dedupe index no
+    longer aborts the retry of every other job."""
+    held = add_failed_with_key(conn, "k1")
+    free = add_failed_with_key(conn, None)
+    live = enqueue(conn, "noop", dedupe_key="k1")
+    twin_a = add_failed_with_key(conn, "k2")   # two failed jobs with one key:
+    twin_b = add_failed_with_key(conn, "k2")   # only the older goes back
+
+    out = pgfence("retry", str(held), str(free), dsn=dsn)
+    assert (out.returncode, out.stdout, out.stderr) == \
+        (1, f"requeued 1 job(s): {free}\n", f"pgfence: skipped job {held}: job {live} holds its dedupe key\n")
+    assert [job_row(conn, i)["status"] for i in (held, free, live)] == ["failed", "queued", "queued"]
+
+    out = pgfence("retry", "--failed", dsn=dsn)
+    assert (out.returncode, out.stdout) == (1, f"requeued 1 job(s): {twin_a}\n")
+    assert out.stderr == (f"pgfence: skipped job {held}: job {live} holds its dedupe key\n"
+                          f"pgfence: skipped job {twin_b}: job {twin_a} holds its dedupe key\n")
+    assert [job_row(conn, i)["status"] for i in (held, twin_a, twin_b)] == ["failed", "queued", "failed"]
+    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'queued'") == 3
+
+    # Once the holder is done, the skipped job goes back.
+    conn.execute("UPDATE pgfence.jobs SET status = 'done', finished_at = now() WHERE id = %s", (live,))
+    out = pgfence("retry", str(held), dsn=dsn)
+    assert (out.returncode, out.stdout, out.stderr) == (0, f"requeued 1 job(s): {held}\n", "")
+
+
 def test_cancel_running_job_owner_learns_at_next_renewal(dsn, conn, make_worker):
     running = enqueue(conn, "effect", priority=1)
     queued = enqueue(conn, "noop", queue="other")
