@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from . import db, registry
+from . import db, names, registry
 from .errors import ConfigError
 from .queries import q
 
@@ -48,8 +48,9 @@ def enqueue(
     ``dedupe_key`` the id of the live (queued or running) job holding that key
     is returned instead of a new one.
     """
-    if not kind:
-        raise ConfigError("a job needs a kind")
+    names.check(kind, "kind")
+    if queue is not None:
+        names.check(queue, "queue")
     if delay is not None and run_at is not None:
         raise ConfigError("give delay or run_at, not both")
     if delay is not None and delay < 0:
