@@ -414,3 +414,46 @@ def test_pooling_switches_reach_the_settings(command):
     assert settings_mod.load({}, env={"PGFENCE_PREPARE": "off"}).prepare is False
     with pytest.raises(ConfigError, match="invalid prepare: expected true or false"):
         settings_mod.load({}, env={"PGFENCE_PREPARE": "sometimes"})
+
+
+# -- large payloads and NUL (issue 10, point 18) ---------------------------------------
+
+
+def test_enqueue_reads_a_large_payload_from_a_file_or_stdin(dsn, conn, tmp_path):
+    payload = {"blob": "é" * 150_000, "n": 1}       # 300 KB of UTF-8: more than argv carries
+    text = json.dumps(payload, ensure_ascii=False)
+    assert len(text.encode()) > 200_000
+    path = tmp_path / "payload.json"
+    path.write_text(text, encoding="utf-8")
+
+    out = pgfence("enqueue", "noop", "--payload", f"@{path}", dsn=dsn)
+    assert (out.returncode, out.stderr) == (0, "")
+    assert job_row(conn, int(out.stdout))["payload"] == payload
+
+    out = pgfence("enqueue", "noop", "--payload", "-", dsn=dsn, input=text)
+    assert (out.returncode, out.stderr) == (0, "")
+    assert job_row(conn, int(out.stdout))["payload"] == payload
+    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs") == 2
+
+
+def test_enqueue_payload_usage_errors_are_one_line_and_write_nothing(dsn, conn, tmp_path):
+    nul = tmp_path / "nul.json"
+    nul.write_text('{"a": ["x\\u0000y"]}')
+    cases = [
+        (["--payload", '"\\u0000"'], None, "NUL character"),
+        (["--payload", '{"k\\u0000": 1}'], None, "NUL character"),
+        (["--payload", f"@{nul}"], None, "NUL character"),
+        (["--payload", "-"], '{"a": "\\u0000"}', "NUL character"),
+        (["--payload", f"@{tmp_path / 'missing.json'}"], None, "cannot read"),
+        (["--payload", "-"], "not json", "not JSON"),
+    ]
+    for args, stdin, fragment in cases:
+        out = pgfence("enqueue", "noop", *args, dsn=dsn, input=stdin)
+        assert out.returncode == 2, (args, out.returncode, out.stderr)
+        assert out.stderr.startswith("pgfence: error: ") and out.stderr.count("\n") == 1, (args, out.stderr)
+        assert fragment in out.stderr, (args, out.stderr)
+    # A backslash followed by u0000 is text, not NUL.
+    out = pgfence("enqueue", "noop", "--payload", '"\\\\u0000"', dsn=dsn)
+    assert out.returncode == 0, out.stderr
+    assert job_row(conn, int(out.stdout))["payload"] == "\\u0000"
+    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs") == 1
