@@ -3,7 +3,7 @@ data, which the CLI prints as a table or as JSON."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -25,15 +25,37 @@ def status(conn: psycopg.Connection) -> dict[str, Any]:
     return {"queues": counts, "running": running}
 
 
+class RetryResult(NamedTuple):
+    """What ``retry`` did: the jobs queued again, and the jobs skipped as
+    ``(id, holder)`` because the job ``holder`` holds their dedupe key."""
+
+    requeued: list[int]
+    skipped: list[tuple[int, int]]
+
+
 def retry(conn: psycopg.Connection, ids: list[int] | None, *, failed: bool = False,
-          extra_attempts: int = 1) -> list[int]:
-    """Queue failed or cancelled jobs again; return the ids that were."""
+          extra_attempts: int = 1) -> RetryResult:
+    """Queue failed or cancelled jobs again (``ids``, or every failed job).
+
+    A job whose dedupe key a live job of its kind holds is skipped and
+    reported, and the others are queued all the same; of several candidates
+    sharing one key, only the oldest is queued.  A producer that enqueues a
+    job with such a key while this runs can still break the dedupe index
+    (the statement saw no live holder): the statement is then run again,
+    and it skips that job.
+    """
+    params = {"ids": ids or [], "all_failed": failed, "extra_attempts": extra_attempts}
     with db.translated():
-        if failed:
-            rows = conn.execute(q("retry_failed"), {"extra_attempts": extra_attempts}).fetchall()
-        else:
-            rows = conn.execute(q("retry_ids"), {"ids": ids or [], "extra_attempts": extra_attempts}).fetchall()
-    return sorted(r[0] for r in rows)
+        for tries in range(1, 4):
+            try:
+                with conn.transaction():
+                    rows = conn.execute(q("retry"), params).fetchall()
+                break
+            except psycopg.errors.UniqueViolation:
+                if tries == 3:
+                    raise
+    return RetryResult(requeued=[r[0] for r in rows if r[1]],
+                       skipped=[(r[0], r[2]) for r in rows if not r[1]])
 
 
 def cancel(conn: psycopg.Connection, ids: list[int]) -> list[int]:

@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("enqueue", help="enqueue one job and print its id")
     _common(p)
     p.add_argument("kind")
-    p.add_argument("--payload", default="{}", help="the payload as JSON (default {})")
+    p.add_argument("--payload", default="{}",
+                   help="the payload as JSON, @FILE to read it from a file, - from stdin (default {})")
     p.add_argument("--queue")
     p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     when = p.add_mutually_exclusive_group()
@@ -230,6 +231,24 @@ def _reject_constant(name: str) -> Any:
     raise ConfigError(f"invalid --payload: not JSON ({name} is not a JSON value)")
 
 
+def _read_payload(arg: str) -> str:
+    """The payload's JSON text: ``arg`` itself, or the contents of the file
+    ``@PATH``, or standard input for ``-``.  The last two carry payloads
+    larger than the command line allows (about 128 KB on Linux)."""
+    if arg == "-":
+        return sys.stdin.read()
+    if arg.startswith("@"):
+        path = arg[1:]
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return fh.read()
+        except OSError as exc:
+            raise ConfigError(f"invalid --payload: cannot read {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"invalid --payload: {path} is not UTF-8 text ({exc.reason})") from None
+    return arg
+
+
 def _parse_payload(text: str) -> Any:
     try:
         return json.loads(text, parse_constant=_reject_constant)
@@ -336,7 +355,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    payload = _parse_payload(args.payload)
+    payload = _parse_payload(_read_payload(args.payload))
     # The handler modules as every command finds them: --handlers, else
     # PGFENCE_HANDLERS, else the config file, else the bundled ones.
     settings = settings_mod.load({"handlers": args.handlers}, config_path=args.config)
@@ -410,9 +429,14 @@ def cmd_retry(args: argparse.Namespace) -> int:
         raise ConfigError("pgfence retry: give job ids or --failed")
     _dsn_value, conn = _connect(args)
     with conn:
-        ids = admin.retry(conn, args.ids, failed=args.failed)
+        result = admin.retry(conn, args.ids, failed=args.failed)
+    ids = result.requeued
     print(f"requeued {len(ids)} job(s)" + (f": {' '.join(map(str, ids))}" if ids else ""))
-    return 0
+    # The others are queued all the same; a skipped job makes the exit
+    # status 1, so that a script notices it.
+    for job_id, holder in result.skipped:
+        print(f"pgfence: skipped job {job_id}: job {holder} holds its dedupe key", file=sys.stderr)
+    return 1 if result.skipped else 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from . import db, registry
+from . import db, names, registry
 from .errors import ConfigError
 from .queries import q
 
@@ -48,8 +48,9 @@ def enqueue(
     ``dedupe_key`` the id of the live (queued or running) job holding that key
     is returned instead of a new one.
     """
-    if not kind:
-        raise ConfigError("a job needs a kind")
+    names.check(kind, "kind")
+    if queue is not None:
+        names.check(queue, "queue")
     if delay is not None and run_at is not None:
         raise ConfigError("give delay or run_at, not both")
     if delay is not None and delay < 0:
@@ -67,6 +68,8 @@ def enqueue(
         json.dumps(payload if payload is not None else {}, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"payload is not JSON-serialisable: {exc}") from None
+    if _has_nul(payload):
+        raise ConfigError("invalid payload: a string holds a NUL character (\\u0000), which jsonb cannot store")
     spec = registry.find(kind)
     if spec is not None:
         queue = queue or spec.queue
@@ -85,3 +88,15 @@ def enqueue(
     }
     with db.translated():
         return conn.execute(q("enqueue"), params).fetchone()[0]
+
+
+def _has_nul(value: Any) -> bool:
+    """Whether a string of ``value`` (a key or a value, at any depth)
+    holds NUL, which PostgreSQL's jsonb refuses."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False

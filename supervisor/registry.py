@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from . import names
 from .errors import ConfigError, HandlerImportError, UnknownHandler
 
 #: The modules loaded when no ``--handlers`` is given.
@@ -59,6 +60,12 @@ def handler(
     """Register ``func`` as the handler of jobs of ``kind``."""
     if not kind or not isinstance(kind, str):
         raise ConfigError("a handler needs a non-empty kind")
+    names.check(kind, "kind")
+    if queue is not None:
+        try:
+            names.check(queue, "queue")
+        except ConfigError as exc:
+            raise ConfigError(f"handler {kind!r}: {exc}") from None
     for name, value in (("lease", lease), ("timeout", timeout)):
         if value is not None and value <= 0:
             raise ConfigError(f"handler {kind!r}: {name} must be positive, got {value}")

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import names
 from .errors import ConfigError
 from .registry import DEFAULT_MODULES
 
@@ -103,6 +104,10 @@ class Settings:
             raise ConfigError("invalid metrics-host: give a host name or address")
         if not self.queues or any(not q for q in self.queues):
             raise ConfigError("invalid queues: give one or more non-empty queue names")
+        for queue in self.queues:
+            found = names.problem(queue, "queue")
+            if found:
+                raise ConfigError(f"invalid queues: {found}")
 
     @property
     def heartbeat_interval(self) -> float:

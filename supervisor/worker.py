@@ -489,20 +489,31 @@ class Worker:
 
     def idle_wait(self) -> float:
         """Seconds an idle worker may sleep: until the earliest run_at still
-        to come among its queues' jobs (a delayed job, a retry's backoff),
-        at most the poll interval."""
+        to come among its queues' jobs (a delayed job, a retry's backoff) or
+        the earliest lease still to run out among their running jobs (a job
+        whose worker may have died), at most the poll interval.  When a lease
+        end comes first, the claim after the sleep looks for expired leases
+        whatever the reclaim scan's interval."""
+        params = {"queues": list(self.settings.queues)}
         try:
             with db.translated(self.dsn):
-                row = self.conn.execute(q("next_run_at"), {"queues": list(self.settings.queues)}).fetchone()
+                row = self.conn.execute(q("next_run_at"), params).fetchone()
+                until = row[0] if row else None
+                row = self.conn.execute(q("next_lease_end"), params).fetchone()
+                lease_end = row[0] if row else None
         except DatabaseUnavailable as exc:
             log.warning("worker %s cannot look up the next run_at: %s", self.name, exc)
             self._drop_connection()
             return self.settings.poll_interval
-        until = row[0] if row else None
-        wait = self.settings.poll_interval if until is None else min(self.settings.poll_interval,
-                                                                     until + RUN_AT_MARGIN)
-        log.debug("worker %s idle: next run_at in %s, sleeping up to %.3fs", self.name,
-                  "none" if until is None else f"{until:.3f}s", wait)
+        wait = self.settings.poll_interval
+        if until is not None:
+            wait = min(wait, until + RUN_AT_MARGIN)
+        if lease_end is not None and lease_end + RUN_AT_MARGIN < wait:
+            wait = lease_end + RUN_AT_MARGIN
+            self._next_reclaim_scan = min(self._next_reclaim_scan, time.monotonic() + wait)
+        log.debug("worker %s idle: next run_at in %s, next lease end in %s, sleeping up to %.3fs", self.name,
+                  "none" if until is None else f"{until:.3f}s",
+                  "none" if lease_end is None else f"{lease_end:.3f}s", wait)
         return wait
 
     def _wait_for_work(self) -> None:

@@ -277,6 +277,39 @@ def test_retry_ids_and_failed(dsn, conn, make_worker):
     assert jobs[failed1].attempt == 4
 
 
+def add_failed_with_key(conn: psycopg.Connection, key: str | None) -> int:
+    return scalar(conn, """
+        INSERT INTO pgfence.jobs (kind, status, attempt, started_at, finished_at, last_error, dedupe_key)
+        VALUES ('noop', 'failed', 1, now(), now(), 'boom', %s) RETURNING id""", (key,))
+
+
+def test_retry_skips_jobs_whose_dedupe_key_a_live_job_holds_and_requeues_the_others(dsn, conn):
+    """Issue 10, point 9: one job that would break the dedupe index no
+    longer aborts the retry of every other job."""
+    held = add_failed_with_key(conn, "k1")
+    free = add_failed_with_key(conn, None)
+    live = enqueue(conn, "noop", dedupe_key="k1")
+    twin_a = add_failed_with_key(conn, "k2")   # two failed jobs with one key:
+    twin_b = add_failed_with_key(conn, "k2")   # only the older goes back
+
+    out = pgfence("retry", str(held), str(free), dsn=dsn)
+    assert (out.returncode, out.stdout, out.stderr) == \
+        (1, f"requeued 1 job(s): {free}\n", f"pgfence: skipped job {held}: job {live} holds its dedupe key\n")
+    assert [job_row(conn, i)["status"] for i in (held, free, live)] == ["failed", "queued", "queued"]
+
+    out = pgfence("retry", "--failed", dsn=dsn)
+    assert (out.returncode, out.stdout) == (1, f"requeued 1 job(s): {twin_a}\n")
+    assert out.stderr == (f"pgfence: skipped job {held}: job {live} holds its dedupe key\n"
+                          f"pgfence: skipped job {twin_b}: job {twin_a} holds its dedupe key\n")
+    assert [job_row(conn, i)["status"] for i in (held, twin_a, twin_b)] == ["failed", "queued", "failed"]
+    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'queued'") == 3
+
+    # Once the holder is done, the skipped job goes back.
+    conn.execute("UPDATE pgfence.jobs SET status = 'done', finished_at = now() WHERE id = %s", (live,))
+    out = pgfence("retry", str(held), dsn=dsn)
+    assert (out.returncode, out.stdout, out.stderr) == (0, f"requeued 1 job(s): {held}\n", "")
+
+
 def test_cancel_running_job_owner_learns_at_next_renewal(dsn, conn, make_worker):
     running = enqueue(conn, "effect", priority=1)
     queued = enqueue(conn, "noop", queue="other")
@@ -381,3 +414,46 @@ def test_pooling_switches_reach_the_settings(command):
     assert settings_mod.load({}, env={"PGFENCE_PREPARE": "off"}).prepare is False
     with pytest.raises(ConfigError, match="invalid prepare: expected true or false"):
         settings_mod.load({}, env={"PGFENCE_PREPARE": "sometimes"})
+
+
+# -- large payloads and NUL (issue 10, point 18) ---------------------------------------
+
+
+def test_enqueue_reads_a_large_payload_from_a_file_or_stdin(dsn, conn, tmp_path):
+    payload = {"blob": "é" * 150_000, "n": 1}       # 300 KB of UTF-8: more than argv carries
+    text = json.dumps(payload, ensure_ascii=False)
+    assert len(text.encode()) > 200_000
+    path = tmp_path / "payload.json"
+    path.write_text(text, encoding="utf-8")
+
+    out = pgfence("enqueue", "noop", "--payload", f"@{path}", dsn=dsn)
+    assert (out.returncode, out.stderr) == (0, "")
+    assert job_row(conn, int(out.stdout))["payload"] == payload
+
+    out = pgfence("enqueue", "noop", "--payload", "-", dsn=dsn, input=text)
+    assert (out.returncode, out.stderr) == (0, "")
+    assert job_row(conn, int(out.stdout))["payload"] == payload
+    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs") == 2
+
+
+def test_enqueue_payload_usage_errors_are_one_line_and_write_nothing(dsn, conn, tmp_path):
+    nul = tmp_path / "nul.json"
+    nul.write_text('{"a": ["x\\u0000y"]}')
+    cases = [
+        (["--payload", '"\\u0000"'], None, "NUL character"),
+        (["--payload", '{"k\\u0000": 1}'], None, "NUL character"),
+        (["--payload", f"@{nul}"], None, "NUL character"),
+        (["--payload", "-"], '{"a": "\\u0000"}', "NUL character"),
+        (["--payload", f"@{tmp_path / 'missing.json'}"], None, "cannot read"),
+        (["--payload", "-"], "not json", "not JSON"),
+    ]
+    for args, stdin, fragment in cases:
+        out = pgfence("enqueue", "noop", *args, dsn=dsn, input=stdin)
+        assert out.returncode == 2, (args, out.returncode, out.stderr)
+        assert out.stderr.startswith("pgfence: error: ") and out.stderr.count("\n") == 1, (args, out.stderr)
+        assert fragment in out.stderr, (args, out.stderr)
+    # A backslash followed by u0000 is text, not NUL.
+    out = pgfence("enqueue", "noop", "--payload", '"\\\\u0000"', dsn=dsn)
+    assert out.returncode == 0, out.stderr
+    assert job_row(conn, int(out.stdout))["payload"] == "\\u0000"
+    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs") == 1

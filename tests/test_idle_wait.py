@@ -4,6 +4,7 @@ poll interval; the look-up of the next run_at stays cheap."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import subprocess
@@ -16,23 +17,29 @@ from supervisor.queries import q
 
 #: Far longer than any deadline below: a job that waits for the poll fails.
 POLL = "60"
-IDLE = re.compile(r"DEBUG pgfence\.worker: worker w-idle idle: next run_at in (none|[0-9.]+s), "
+IDLE = re.compile(r"DEBUG pgfence\.worker: worker w-idle idle: next run_at in (none|[0-9.]+s), next lease end in \S+, "
                   r"sleeping up to ([0-9.]+)s$")
 
 
 def idle_worker(conn, dsn: str, **env: str) -> subprocess.Popen:
-    """A `pgfence work` with a 60 s poll interval, once it waits idle (its
-    session idle after its LISTEN, a claim or a look-up of the next run_at)."""
+    """A `pgfence work` with a 60 s poll interval, once it waits idle."""
     proc = spawn("work", "--name", "w-idle", "--poll-interval", POLL, "--log-level", "DEBUG",
                  "--handlers", "handlers.builtin,rollout_handlers", env=env_for(dsn, **env),
                  stdout=subprocess.DEVNULL)
+    wait_idle(conn, "w-idle")
+    return proc
+
+
+def wait_idle(conn, name: str) -> None:
+    """Until worker ``name`` waits idle: its session idle after its LISTEN,
+    a claim or a look-up of the next run_at or lease end."""
     wait_for(lambda: scalar(conn, """
         SELECT count(*) FROM pg_stat_activity
-         WHERE application_name = 'pgfence worker w-idle' AND state = 'idle'
+         WHERE application_name = 'pgfence worker ' || %s AND state = 'idle'
            AND (query = 'LISTEN pgfence_jobs' OR query LIKE 'WITH candidates%%'
-                OR query LIKE 'WITH RECURSIVE priorities%%')""") == 1,
-             timeout=20, message="the worker waiting idle")
-    return proc
+                OR query LIKE 'WITH RECURSIVE priorities%%'
+                OR query LIKE 'SELECT extract(epoch FROM min(r.lease_until)%%')""", (name,)) == 1,
+             timeout=20, message=f"worker {name} waiting idle")
 
 
 def stop(proc: subprocess.Popen) -> list[tuple[str, float]]:
@@ -125,3 +132,65 @@ def test_the_next_run_at_look_up_reads_a_few_pages_with_100k_delayed_jobs(conn):
     # Four priorities: a handful of descents of the index, not 100k entries
     # (a full scan of the index alone is several hundred pages).
     assert plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"] < 150, json.dumps(plan)
+
+
+# -- expired leases (issue 10, point 11) -------------------------------------------
+
+
+def test_a_dead_workers_job_is_reclaimed_when_its_lease_ends_not_at_the_next_poll(dsn, conn):
+    """Worker A is SIGKILLed in the middle of a job; idle worker B, whose
+    poll interval is 20 s, wakes when the lease A last renewed runs out and
+    reclaims the job within about a second of it."""
+    lease = 3.0
+    common = ("--poll-interval", "20", "--lease", str(lease), "--handlers", "handlers.builtin")
+    a = spawn("work", "--name", "w-a", *common, dsn=dsn, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    b = None
+    try:
+        job_id = scalar(conn, """SELECT pgfence.enqueue('sleep', '{"seconds": 120}')""")
+        wait_for(lambda: job_row(conn, job_id)["locked_by"] == "w-a", timeout=20, message="worker A running the job")
+        b = spawn("work", "--name", "w-b", *common, dsn=dsn, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_idle(conn, "w-b")
+        a.kill()
+        a.wait(timeout=10)
+        lease_until = job_row(conn, job_id)["lease_until"]   # A renews no more
+        # A poll would reclaim it up to 20 s later.
+        wait_for(lambda: job_row(conn, job_id)["locked_by"] == "w-b", timeout=lease + 2.5,
+                 message="worker B reclaiming the job about when its lease ran out")
+        row = job_row(conn, job_id)
+        assert (row["status"], row["attempt"], row["reclaims"]) == ("running", 2, 1)
+        assert lease_until <= row["started_at"] <= lease_until + dt.timedelta(seconds=1.5)
+    finally:
+        for proc in (a, b):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def test_the_next_lease_end_look_up_reads_running_jobs_only(conn):
+    conn.execute("""
+        INSERT INTO pgfence.jobs (kind, queue, priority, run_at)
+        SELECT 'noop', 'default', g % 4, now() - make_interval(secs => g % 5000)
+          FROM generate_series(1, 100000) g""")
+    conn.execute("""
+        UPDATE pgfence.jobs SET status = 'running', attempt = 1, started_at = now(), locked_by = 'w',
+               lease_until = now() + make_interval(secs => 10 + id % 50)
+         WHERE id <= 50""")
+    conn.execute("""
+        UPDATE pgfence.jobs SET status = 'done', finished_at = now() WHERE id > 50 AND id <= 50000""")
+    conn.execute("ANALYZE pgfence.jobs")
+    params = {"queues": ["default", "other"]}
+    with conn.transaction():    # one now() for both
+        assert scalar(conn, q("next_lease_end"), params) == scalar(conn, """
+            SELECT extract(epoch FROM min(lease_until) - now())::float8 FROM pgfence.jobs WHERE status = 'running'""")
+    plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + q("next_lease_end"), params).fetchone()[0][0]
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    every = list(nodes(plan["Plan"]))
+    assert {n["Node Type"] for n in every} & {"Seq Scan", "Bitmap Heap Scan"} == set(), json.dumps(plan)
+    assert {n.get("Index Name") for n in every if "Index Name" in n} == {"jobs_running_idx"}
+    # The 50 running jobs' index entries and heap pages, not 100k rows.
+    assert plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"] < 80, json.dumps(plan)

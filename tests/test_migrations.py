@@ -12,7 +12,8 @@ from pgtools import pgfence, scalar, spawn, wait_for
 from supervisor import migrate
 
 EXPECTED_MIGRATIONS = [(1, "jobs"), (2, "handler_tables"), (3, "jobs_fillfactor"), (4, "complete_fenced"),
-                       (5, "claim_indexes"), (6, "kinds"), (7, "putbacks_tracebacks")]
+                       (5, "claim_indexes"), (6, "kinds"), (7, "putbacks_tracebacks"),
+                       (8, "names")]
 
 
 def schema_dump(conn: psycopg.Connection, *, with_applied_at: bool = True) -> dict:

@@ -14,23 +14,41 @@ SELECT id, queue, kind, attempt, locked_by,
  WHERE status = 'running'
  ORDER BY id;
 
--- name: retry_ids
--- Put failed or cancelled jobs back in the queue with a fresh budget of
--- attempts on top of those spent (attempt - putbacks: see put_back_unknown
--- in jobs.sql).  Running, queued and done jobs are left alone.
-UPDATE pgfence.jobs
-   SET status = 'queued', run_at = now(), finished_at = NULL, locked_by = NULL,
-       lease_until = NULL, max_attempts = attempt - putbacks + %(extra_attempts)s, reclaims = 0
- WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled')
-RETURNING id;
-
--- name: retry_failed
--- Put every failed job back in the queue (see retry_ids).
-UPDATE pgfence.jobs
-   SET status = 'queued', run_at = now(), finished_at = NULL, locked_by = NULL,
-       lease_until = NULL, max_attempts = attempt - putbacks + %(extra_attempts)s, reclaims = 0
- WHERE status = 'failed'
-RETURNING id;
+-- name: retry
+-- Put failed or cancelled jobs back in the queue (those of %(ids)s, or with
+-- %(all_failed)s every failed job) with a fresh budget of attempts on top of
+-- those spent (attempt - putbacks: see put_back_unknown in jobs.sql).
+-- Running, queued and done jobs are left alone.  A job whose
+-- dedupe key a live (queued or running) job of its kind holds is skipped,
+-- and so is every candidate but the oldest of those sharing one key: putting
+-- it back would break jobs_dedupe_idx and abort the whole statement.  One
+-- row per candidate: requeued or not, and the id of the job that holds its
+-- key (the live job, else the candidate requeued in its place).
+WITH cand AS (
+    SELECT id, kind, dedupe_key FROM pgfence.jobs
+     WHERE (id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled'))
+        OR (%(all_failed)s::boolean AND status = 'failed')
+       FOR UPDATE
+), verdict AS (
+    SELECT c.id,
+           (SELECT l.id FROM pgfence.jobs l
+             WHERE c.dedupe_key IS NOT NULL AND l.kind = c.kind AND l.dedupe_key = c.dedupe_key
+               AND l.status IN ('queued', 'running')
+             LIMIT 1) AS live,
+           (SELECT min(o.id) FROM cand o
+             WHERE c.dedupe_key IS NOT NULL AND o.kind = c.kind AND o.dedupe_key = c.dedupe_key) AS first
+      FROM cand c
+), requeued AS (
+    UPDATE pgfence.jobs j
+       SET status = 'queued', run_at = now(), finished_at = NULL, locked_by = NULL,
+           lease_until = NULL, max_attempts = attempt - putbacks + %(extra_attempts)s, reclaims = 0
+      FROM verdict v
+     WHERE j.id = v.id AND v.live IS NULL AND (v.first IS NULL OR v.first = v.id)
+    RETURNING j.id
+)
+SELECT v.id, r.id IS NOT NULL AS requeued, CASE WHEN r.id IS NULL THEN coalesce(v.live, v.first) END AS holder
+  FROM verdict v LEFT JOIN requeued r ON r.id = v.id
+ ORDER BY v.id;
 
 -- name: cancel_ids
 -- Cancel queued or running jobs.  A running job's owner learns it at its next

@@ -173,6 +173,22 @@ SELECT extract(epoch FROM min(
   FROM priorities p
  WHERE p.priority IS NOT NULL;
 
+-- name: next_lease_end
+-- Seconds until the earliest lease still to run out among the running jobs
+-- of %(queues)s (NULL if none): an idle worker wakes then, so that a job
+-- whose worker died (a host gone, a SIGKILLed `pgfence work`) is reclaimed
+-- about when its lease ends, not at the next poll; an expiring lease sends
+-- no NOTIFY.  Read through jobs_running_idx, the index of running jobs
+-- alone, one queue at a time: an idle worker found nothing to claim, so the
+-- running jobs of its queues are the few that the workers hold, and it reads
+-- nothing of the queued or finished ones.  lease_until is in no index on
+-- purpose: a renewal, which only moves lease_until, stays a HOT update.
+SELECT extract(epoch FROM min(r.lease_until) - now())::float8
+  FROM unnest(%(queues)s::text[]) AS wanted(queue)
+ CROSS JOIN LATERAL (
+    SELECT lease_until FROM pgfence.jobs
+     WHERE queue = wanted.queue AND status = 'running' AND lease_until > now()) r;
+
 -- name: release
 -- Fenced release: hands a claimed job back to the queue at once, for a job
 -- never started (shutdown) or one whose worker died (%(reclaim)s counts it

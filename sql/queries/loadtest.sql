@@ -61,3 +61,13 @@ SELECT pid, backend_start, application_name
 SELECT pg_terminate_backend(pid)
   FROM pg_stat_activity
  WHERE pid = %(pid)s AND backend_start = %(started)s;
+
+-- name: loadtest_deadlocks
+-- Deadlocks PostgreSQL detected in this database so far (cumulative); the
+-- audit compares the value before the run with the value after it.
+SELECT deadlocks FROM pg_stat_database WHERE datname = current_database();
+
+-- name: loadtest_clock
+-- The database clock, which stamps started_at and finished_at: the audit
+-- places each job's last claim on the faults' time line with it.
+SELECT clock_timestamp();

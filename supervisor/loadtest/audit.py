@@ -58,10 +58,25 @@ and, when no connection was broken and ``R == 0`` (no job changed hands),
 ``double_run_prevented_total == 0``.  Finally each lease lost with reason
 ``fence_rejected`` is counted together with a prevented double run, so
 ``lease_lost_total{reason="fence_rejected"} <= double_run_prevented_total``.
+
+The checks above forbid a double commit; they allow work to be done again.
+So, per job, from the database: a job changed hands (``reclaims`` above 0)
+or ran a second attempt although its handler does not raise (every mix but
+``fail``) only because of a fault.  Such a job's last claim (``started_at``,
+or ``finished_at`` when the claim failed it) must fall in the window of a
+fault injected at that time: from the fault to its end (a stop or a
+partition lasts ``seconds``) plus three leases and ``FAULT_SLACK`` (a lease
+to run out, a heartbeat round, a reclaim scan, a child's respawn).  In a run
+without faults no job may change hands or run again unless it raised, and
+PostgreSQL must have detected no deadlock in the database
+(``pg_stat_database.deadlocks`` unchanged): a deadlock is a defect in the
+lock order of pgfence's statements, and each one sends jobs back to run
+again once their leases run out.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +88,11 @@ from .mix import EXPECTED
 CLAIM_VERDICTS = ("lease expired on the final attempt", "quarantined:", "no attempts left")
 #: Offending jobs listed per check (the counts are always complete).
 LIST_LIMIT = 50
+#: Mixes whose handler raises on purpose: their second attempt is a retry.
+RAISES = frozenset({"fail"})
+#: Seconds past a fault's end plus three leases in which it may still send a
+#: job to a new attempt.
+FAULT_SLACK = 10.0
 
 
 @dataclass
@@ -89,6 +109,11 @@ class Evidence:
     batch: int
     broken: int                                      # worker connections a fault may have broken
     faults: dict[str, int] = field(default_factory=dict)
+    #: The faults injected, as Faults.events: "t" in seconds from db_zero.
+    fault_events: list[dict[str, Any]] = field(default_factory=list)
+    lease: float = 30.0
+    db_zero: dt.datetime | None = None               # the database clock when the faults' clock started
+    deadlocks: int | None = None                     # pg_stat_database.deadlocks after - before
 
 
 def _check(name: str, passed: bool, detail: str, **extra: Any) -> dict[str, Any]:
@@ -99,7 +124,7 @@ def run(ev: Evidence) -> dict[str, Any]:
     checks = [
         _ended(ev), _accounted(ev), _final_states(ev),
         _once(ev, "effects", ev.effects, "effect"), _once(ev, "receipts", ev.receipts, "receipt"),
-        _deliveries(ev), *_counters(ev), _supervisors(ev),
+        _deliveries(ev), *_counters(ev), _extra_attempts(ev), _deadlocks(ev), _supervisors(ev),
     ]
     return {"passed": all(c["passed"] for c in checks), "checks": checks}
 
@@ -193,6 +218,54 @@ def _counters(ev: Evidence) -> list[dict]:
                          f"pgfence_lease_lost_total{{reason=fence_rejected}} {fence_lost:g} <= "
                          f"double runs prevented {prevented:g}"))
     return checks
+
+
+def fault_free(ev: Evidence) -> bool:
+    return not ev.fault_events and ev.broken == 0
+
+
+def fault_windows(ev: Evidence) -> list[tuple[float, float, str]]:
+    """(start, end, fault) in seconds from db_zero: when each fault injected
+    may have sent jobs to a new attempt."""
+    return [(e["t"], e["t"] + float(e.get("seconds") or 0.0) + 3 * ev.lease + FAULT_SLACK, e["fault"])
+            for e in ev.fault_events]
+
+
+def _extra_attempts(ev: Evidence) -> dict:
+    windows = fault_windows(ev)
+    disturbed, explained, unexplained = 0, 0, []
+    for j in ev.jobs:
+        mix_name = ev.enqueued.get(j["id"])
+        if mix_name is None:
+            continue
+        if not (j["reclaims"] > 0 or (j["attempt"] > 1 and mix_name not in RAISES)):
+            continue
+        disturbed += 1
+        at_claim = j["status"] == "failed" and (j["last_error"] or "").startswith(CLAIM_VERDICTS)
+        when = j["finished_at"] if at_claim else j["started_at"]
+        t = (when - ev.db_zero).total_seconds() if when is not None and ev.db_zero is not None else None
+        if t is not None and any(start <= t <= end for start, end, _ in windows):
+            explained += 1
+            continue
+        unexplained.append({"job": j["id"], "mix": mix_name, "attempt": j["attempt"], "reclaims": j["reclaims"],
+                            "status": j["status"], "last_claim_at": None if t is None else round(t, 3),
+                            "last_error": j["last_error"]})
+    what = "no fault was injected" if fault_free(ev) else f"{len(windows)} fault(s) injected"
+    return _check("extra attempts explained", not unexplained,
+                  f"{disturbed} job(s) reclaimed or run again without their handler raising, {explained} of them "
+                  f"in the window of a fault, {len(unexplained)} not ({what})",
+                  unexplained=unexplained[:LIST_LIMIT], unexplained_count=len(unexplained))
+
+
+def _deadlocks(ev: Evidence) -> dict:
+    if ev.deadlocks is None:
+        return _check("no deadlocks", True, "pg_stat_database.deadlocks not read")
+    if fault_free(ev):
+        return _check("no deadlocks", ev.deadlocks == 0,
+                      f"pg_stat_database.deadlocks rose by {ev.deadlocks} during the run (no fault injected: "
+                      "must be 0)", deadlocks=ev.deadlocks)
+    return _check("no deadlocks", True, f"pg_stat_database.deadlocks rose by {ev.deadlocks} during the run "
+                  "(faults injected: reported only)", deadlocks=ev.deadlocks)
 
 
 def _supervisors(ev: Evidence) -> dict:

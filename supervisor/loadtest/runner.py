@@ -153,8 +153,12 @@ class LoadTest:
         plan = self.plan
         specs = mix.make_jobs(plan.counts, random.Random(plan.seed), sleep_mean=plan.sleep_mean,
                               sleep_max=plan.sleep_max)
+        # Before the first job can run: a deadlock of this run shows as a
+        # change of the database's cumulative count.
+        self.deadlocks_before = store.deadlocks(self._db())
         self.enqueued = store.enqueue(self._db(), self.queue, specs)
         zero = time.monotonic()
+        self.db_zero = store.clock(self._db())
         self.faults = Faults(plan.faults, seed=plan.seed, interval=plan.fault_interval, lease=plan.lease,
                              fleet=self.fleet, proxy=self.proxy, server=self.server, link_names=self.link_names,
                              clock_zero=zero)
@@ -238,6 +242,9 @@ class LoadTest:
         ok = all(s is not None for s in scrapes)
         plan = self.plan
         broken = sum(self.faults.terminated.values()) + self.server.restarts * plan.supervisors * plan.workers
+        # Read after every supervisor stopped: a backend reports its
+        # deadlocks to the statistics at the latest when it exits.
+        deadlocks = store.deadlocks(conn) - self.deadlocks_before
         return audit.Evidence(
             jobs=store.jobs(conn, self.queue), enqueued=self.enqueued,
             effects=store.rows_by_job(conn, self.queue, "effects"),
@@ -247,7 +254,8 @@ class LoadTest:
             supervisors=[{"index": s.index, "exit_status": s.exit_status, "exited_early": s.exited_early,
                           "scraped": scrape is not None, "log_tail": s.tail() if s.exit_status else ""}
                          for s, scrape in zip(self.fleet.supervisors, scrapes)],
-            batch=plan.batch, broken=broken)
+            batch=plan.batch, broken=broken, faults=dict(self.faults.counts), fault_events=list(self.faults.events),
+            lease=plan.lease, db_zero=self.db_zero, deadlocks=deadlocks)
 
     def _report(self, ev: audit.Evidence, result: dict, elapsed: float) -> dict[str, Any]:
         f = self.faults

@@ -36,6 +36,16 @@ def states(conn: psycopg.Connection, queue: str) -> dict[str, int]:
     return {status: n for status, n in rows}
 
 
+def deadlocks(conn: psycopg.Connection) -> int:
+    """Deadlocks detected in this database so far (pg_stat_database)."""
+    return conn.execute(q("loadtest_deadlocks")).fetchone()[0]
+
+
+def clock(conn: psycopg.Connection) -> Any:
+    """The database clock now."""
+    return conn.execute(q("loadtest_clock")).fetchone()[0]
+
+
 def _dicts(cur: psycopg.Cursor) -> list[dict[str, Any]]:
     names = [c.name for c in cur.description]
     return [dict(zip(names, row)) for row in cur.fetchall()]
