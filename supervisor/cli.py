@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, db, embedded, errortext, kinds, migrate, multiproc, registry, retention, settings as settings_mod
+from . import admin, bounds, db, embedded, errortext, kinds, migrate, multiproc, registry, retention, settings as settings_mod
 from .errors import ConfigError, PgfenceError, SchemaMissing, UnknownHandler
 from .loadtest import options as loadtest_options
 from .producer import enqueue
@@ -425,8 +425,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     seconds = settings_mod.parse_duration("--retention", args.retention)
-    if seconds <= 0:
-        raise ConfigError("invalid --retention: must be positive")
+    bounds.check("retention", seconds, label="--retention")
     _dsn_value, conn = _connect(args)
     with conn:
         deleted = retention.prune(conn, seconds)

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from . import bounds
 from .errors import ConfigError, HandlerImportError, UnknownHandler
 
 #: The modules loaded when no ``--handlers`` is given.
@@ -60,8 +61,8 @@ def handler(
     if not kind or not isinstance(kind, str):
         raise ConfigError("a handler needs a non-empty kind")
     for name, value in (("lease", lease), ("timeout", timeout)):
-        if value is not None and value <= 0:
-            raise ConfigError(f"handler {kind!r}: {name} must be positive, got {value}")
+        if value is not None:
+            bounds.check(name, value, label=f"{name} of handler {kind!r}")
     if max_attempts is not None and max_attempts < 1:
         raise ConfigError(f"handler {kind!r}: max_attempts must be at least 1, got {max_attempts}")
     if max_reclaims is not None and max_reclaims < 0:
