@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a worker may keep running a job whose lease is lost before it is killed (default 5)")
     p.add_argument("--metrics-host", help="address of /metrics, /healthz, /readyz (default 127.0.0.1)")
     p.add_argument("--metrics-port", help="port of the metrics endpoint, 0 for none (default 9464)")
-    p.add_argument("--metrics-dir", help="directory for the processes' metric files (wiped at start)")
+    p.add_argument("--metrics-dir", help="a new or empty directory for the processes' metric files "
+                                            "(pgfence's own: its metric files are deleted at start)")
     p.add_argument("--no-listen", dest="listen", action="store_const", const="false",
                    help="poll instead of LISTEN/NOTIFY (for PgBouncer in transaction pooling)")
     p.add_argument("--no-prepare", dest="prepare", action="store_const", const="false",
