@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, bounds, db, embedded, errortext, kinds, migrate, multiproc, registry, retention, settings as settings_mod
+from . import admin, bounds, db, embedded, errortext, kinds, migrate, multiproc, proctitle, registry, retention, settings as settings_mod
 from .errors import ConfigError, PgfenceError, SchemaMissing, UnknownHandler
 from .loadtest import options as loadtest_options
 from .producer import enqueue
@@ -504,7 +504,37 @@ def _configure_logging(level_name: str) -> None:
     logging.getLogger("pgfence").setLevel(level)
 
 
+def _dsn_arguments(argv: Sequence[str]) -> list[str]:
+    """The command-line arguments (or the values of ``--opt=value`` ones)
+    that hold a DSN with a password, however mistyped their flag."""
+    found = []
+    for arg in argv:
+        for text in (arg, arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else ""):
+            if text and db.has_password(text):
+                found.append(text)
+    return found
+
+
+def _scrub_argv(message: str, argv: Sequence[str]) -> str:
+    """``message`` (argparse quotes arguments it cannot place: a mistyped
+    ``--dns postgresql://u:pw@...``) without any DSN of the command line."""
+    for dsn in _dsn_arguments(argv):
+        message = db.scrub(message, dsn)
+    return message
+
+
+def _hide_argv(argv: Sequence[str]) -> None:
+    """Replace what ``ps`` shows of this process (its argv) by the command
+    with every DSN password masked: ``pgfence work --dsn
+    postgresql://u:***@db/app``.  ``pgfence run``'s processes set titles of
+    their own later; every other command keeps this one."""
+    proctitle.set(" ".join(["pgfence", *(db.mask_passwords(arg) for arg in argv)]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+        _hide_argv(argv)
     try:
         args = build_parser().parse_args(argv)
         # argparse checks --log-level against its choices, but not the
@@ -515,7 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _configure_logging(getattr(args, "log_level", "INFO"))
         return COMMANDS[args.command](args)
     except PgfenceError as exc:
-        print(f"pgfence: error: {exc}", file=sys.stderr)
+        print(f"pgfence: error: {_scrub_argv(str(exc), argv)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("pgfence: interrupted", file=sys.stderr)

@@ -7,6 +7,7 @@ never a traceback, and nothing is written.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -400,3 +401,78 @@ def test_pooling_switches_reach_the_settings(command):
     assert settings_mod.load({}, env={"PGFENCE_PREPARE": "off"}).prepare is False
     with pytest.raises(ConfigError, match="invalid prepare: expected true or false"):
         settings_mod.load({}, env={"PGFENCE_PREPARE": "sometimes"})
+
+
+# -- the DSN password in ps and in usage errors -------------------------------------
+
+
+def uri_with_password(dsn: str) -> str:
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    # The test server trusts every connection: the password is never asked for.
+    return f"postgresql://{params['user']}:{PASSWORD}@{params['host']}:{params['port']}/{params['dbname']}"
+
+
+def cmdline(pid: int) -> str:
+    """What ps shows of a process: its argv as the kernel holds it."""
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def descendants(pid: int) -> list[int]:
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def workers_connected(conn: psycopg.Connection) -> int:
+    return scalar(conn, "SELECT count(*) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND application_name LIKE 'pgfence worker %%'")
+
+
+def test_ps_never_shows_the_dsn_password(dsn, conn):
+    uri = uri_with_password(dsn)
+    work = spawn("work", "--dsn", uri, "--queues", "hidden_q", "--poll-interval", "0.5", env=env_for(None))
+    run = spawn("run", f"--dsn={uri}", "--workers", "1", "--queues", "hidden_r", env=env_for(None))
+    try:
+        wait_for(lambda: workers_connected(conn) >= 2, message="both commands' workers connected")
+        titles = {pid: cmdline(pid) for pid in [work.pid, run.pid, *descendants(run.pid)]}
+        assert all(PASSWORD not in title for title in titles.values()), titles
+        masked = uri.replace(PASSWORD, "***")
+        assert titles[work.pid] == f"pgfence work --dsn {masked} --queues hidden_q --poll-interval 0.5"
+        assert titles[run.pid].startswith("pgfence arbiter [1 workers] queues=hidden_r"), titles
+        assert sorted(titles[pid].split(" [")[0] for pid in descendants(run.pid)) == \
+            ["pgfence heartbeat", "pgfence worker 1 idle"], titles
+    finally:
+        for proc in (work, run):
+            proc.terminate()
+        for proc in (work, run):
+            out, err = proc.communicate(timeout=60)
+            assert PASSWORD not in out + err
+    assert (work.returncode, run.returncode) == (0, 0)
+
+
+def test_usage_errors_never_print_the_dsn_password(tmp_path):
+    uri = f"postgresql://postgres:{PASSWORD}@127.0.0.1:1/x"
+    kv = f"host=127.0.0.1 port=1 password={PASSWORD} dbname=x"
+    cases = [
+        Case("mistyped_flag", ["run", "--dns", uri], 2, "pgfence: unrecognized arguments: --dns ***"),
+        Case("mistyped_flag_equals", ["work", f"--dns={uri}"], 2, "pgfence: unrecognized arguments: ***"),
+        Case("kv_mistyped", ["status", "--dns", kv], 2, "pgfence: unrecognized arguments: --dns ***"),
+        Case("dsn_as_command", [uri], 2, "argument command: invalid choice: '***'"),
+        Case("extra_after_dsn", ["status", "--dsn", uri, uri], 2, "unrecognized arguments: ***"),
+    ]
+    results = run_cases(cases, None, tmp_path)
+    failures = {case.name: p for case, out, err, code in results if (p := problems_of(case, out, err, code))}
+    assert failures == {}
