@@ -98,6 +98,9 @@ class Arbiter:
         validate_heartbeat(settings.heartbeat, registry.specs())
         self.dsn = dsn
         self.settings = settings
+        #: In every child's name: tells this supervisor's children from
+        #: another's with the same host name and pids (see child.new_instance_id).
+        self.instance = child.new_instance_id()
         self.reload_settings = reload_settings
         self.target = settings.workers
         self.children: dict[int, Child] = {}
@@ -239,7 +242,7 @@ class Arbiter:
         pid = self._fork()
         if pid == 0:
             self._close_inherited()
-            child.main(number, slot, self.table, self.dsn, self.settings, self.tick_interval)
+            child.main(number, slot, self.table, self.dsn, self.settings, self.tick_interval, self.instance)
         self.table.set_slot(slot, ACTIVE, pid, number)
         c = self.children[pid] = Child(pid, number, slot, time.monotonic())
         self.stats.spawned += 1
@@ -286,7 +289,7 @@ class Arbiter:
     def spawn_heartbeat(self) -> None:
         def main() -> int:
             self._close_inherited()
-            return heartbeat_process.main(self.dsn, self.settings, self.table, self.liveness)
+            return heartbeat_process.main(self.dsn, self.settings, self.table, self.liveness, self.instance)
 
         pid = self._fork_service("heartbeat manager", main)
         self.heartbeat_pid = pid
@@ -506,7 +509,8 @@ class Arbiter:
         self.spawn_metrics()
         self.manage_workers()
         proctitle.set(self._title())
-        log.info("arbiter started: %d workers on queues %s", self.target, ",".join(self.settings.queues))
+        log.info("arbiter started: %d workers on queues %s (instance %s)", self.target,
+                 ",".join(self.settings.queues), self.instance)
         next_kill = float("inf")
         while True:
             self._sleep(max(0.0, min(0.1 if self._stopping else 0.5, next_kill - time.monotonic())))

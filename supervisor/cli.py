@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     _worker_options(p)
     p.add_argument("--burst", action="store_true", help="exit when no job is left to claim")
     p.add_argument("--max-jobs", type=int, help="exit after this many jobs")
-    p.add_argument("--name", help="the worker's name in locked_by (default host:pid)")
+    p.add_argument("--name", help="the worker's name in locked_by (default host:pid:<random instance id>)")
     # UNSAFE: no lease renewal, completion by id alone.  Only the demo (and the
     # tests that reproduce the double run) use it, so it is not in --help.
     p.add_argument("--unprotected", action="store_true", help=argparse.SUPPRESS)

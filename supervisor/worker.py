@@ -49,7 +49,11 @@ RUN_AT_MARGIN = 0.005
 
 
 def default_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """``host:pid:instance``: the random instance id tells this worker from
+    one with the same host name and pid elsewhere (containers)."""
+    from .child import new_instance_id   # child imports this module lazily too
+
+    return f"{socket.gethostname()}:{os.getpid()}:{new_instance_id()}"
 
 
 @dataclass
