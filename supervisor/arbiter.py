@@ -47,6 +47,18 @@ SIGNALS = ("HUP", "INT", "QUIT", "TERM", "TTIN", "TTOU", "CHLD")
 #: This many children in a row dying before they were up (connected and
 #: ticking) and the arbiter halts instead of forking on.
 MAX_BOOT_FAILURES = 5
+#: A child that was up and crashes within this many seconds of its start
+#: extends the crash streak; one that lived longer starts a new streak.
+CRASH_STREAK_WINDOW = 30.0
+#: From the second crash of a streak, the next start waits 0.2 s, 0.4 s,
+#: 0.8 s... up to this many seconds: a job or handler that kills every child
+#: that touches it must not make the arbiter fork in a tight loop.
+CRASH_BACKOFF_MAX = 30.0
+
+
+def crash_backoff(streak: int) -> float:
+    """Seconds before the next start after ``streak`` crashes in a row."""
+    return 0.0 if streak < 2 else min(CRASH_BACKOFF_MAX, 0.1 * 2 ** (streak - 1))
 
 
 @dataclass
@@ -86,6 +98,9 @@ class Arbiter:
         validate_heartbeat(settings.heartbeat, registry.specs())
         self.dsn = dsn
         self.settings = settings
+        #: In every child's name: tells this supervisor's children from
+        #: another's with the same host name and pids (see child.new_instance_id).
+        self.instance = child.new_instance_id()
         self.reload_settings = reload_settings
         self.target = settings.workers
         self.children: dict[int, Child] = {}
@@ -103,6 +118,8 @@ class Arbiter:
         self._signals: list[str] = []
         self._next_number = 1
         self._boot_failures = 0
+        # Children in a row that crashed soon after they were up.
+        self._crash_streak = 0
         self._respawn_at = 0.0
         self._stopping: str | None = None     # None, "graceful" or "fast"
         self._drain_deadline = 0.0
@@ -225,7 +242,7 @@ class Arbiter:
         pid = self._fork()
         if pid == 0:
             self._close_inherited()
-            child.main(number, slot, self.table, self.dsn, self.settings, self.tick_interval)
+            child.main(number, slot, self.table, self.dsn, self.settings, self.tick_interval, self.instance)
         self.table.set_slot(slot, ACTIVE, pid, number)
         c = self.children[pid] = Child(pid, number, slot, time.monotonic())
         self.stats.spawned += 1
@@ -272,7 +289,7 @@ class Arbiter:
     def spawn_heartbeat(self) -> None:
         def main() -> int:
             self._close_inherited()
-            return heartbeat_process.main(self.dsn, self.settings, self.table, self.liveness)
+            return heartbeat_process.main(self.dsn, self.settings, self.table, self.liveness, self.instance)
 
         pid = self._fork_service("heartbeat manager", main)
         self.heartbeat_pid = pid
@@ -362,6 +379,22 @@ class Arbiter:
                 self._respawn_at = time.monotonic() + min(10.0, 0.1 * 2 ** self._boot_failures)
             else:
                 self._boot_failures = 0
+                self._crashed_after_boot(c, code)
+
+    def _crashed_after_boot(self, c: Child, code: int) -> None:
+        """Delay the next start when children keep crashing soon after they
+        were up, exponentially and capped; a child that lived a healthy
+        while (or left cleanly) resets the streak."""
+        lived = time.monotonic() - c.started
+        if code == 0 or c.killed_for_lost:
+            self._crash_streak = 0
+            return
+        self._crash_streak = self._crash_streak + 1 if lived < CRASH_STREAK_WINDOW else 1
+        delay = crash_backoff(self._crash_streak)
+        if delay:
+            self._respawn_at = max(self._respawn_at, time.monotonic() + delay)
+            log.warning("worker %d crashed %d times in a row, each within %gs of its start: next start in %.1fs",
+                        c.number, self._crash_streak, CRASH_STREAK_WINDOW, delay)
 
     def _halt(self, message: str) -> None:
         log.error(message)
@@ -476,7 +509,8 @@ class Arbiter:
         self.spawn_metrics()
         self.manage_workers()
         proctitle.set(self._title())
-        log.info("arbiter started: %d workers on queues %s", self.target, ",".join(self.settings.queues))
+        log.info("arbiter started: %d workers on queues %s (instance %s)", self.target,
+                 ",".join(self.settings.queues), self.instance)
         next_kill = float("inf")
         while True:
             self._sleep(max(0.0, min(0.1 if self._stopping else 0.5, next_kill - time.monotonic())))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import socket
 import threading
@@ -36,9 +37,20 @@ BOOT_ERROR = 3
 STARTUP_BLOCKED = frozenset({signal.SIGTERM, signal.SIGUSR1})
 
 
-def worker_name(pid: int, number: int) -> str:
-    """A child's name in ``locked_by``: unique to this process on this host."""
-    return f"{socket.gethostname()}:{pid}:w{number}"
+def new_instance_id() -> str:
+    """A random id for one supervisor (or one ``pgfence work``) process.
+
+    Host name and pid do not tell supervisors apart: containers with the same
+    host name (host networking, a fixed ``hostname:``) start their arbiter
+    as pid 1, so children's pids and numbers repeat, and a dead child's
+    release by name once handed back another supervisor's live job."""
+    return secrets.token_hex(4)
+
+
+def worker_name(pid: int, number: int, instance: str) -> str:
+    """A child's name in ``locked_by``: ``host:pid:wN:instance``, unique to
+    this child of this supervisor."""
+    return f"{socket.gethostname()}:{pid}:w{number}:{instance}"
 
 
 class SlotLeases:
@@ -109,11 +121,11 @@ class SlotLeases:
 
 
 def main(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
-         tick_interval: float) -> None:
+         tick_interval: float, instance: str) -> None:
     """Run the child until it is told to stop; never returns."""
     code = 0
     try:
-        code = _run(number, slot, table, dsn, settings, tick_interval)
+        code = _run(number, slot, table, dsn, settings, tick_interval, instance)
     except BaseException as exc:  # noqa: BLE001 - the child must always reach os._exit
         log.error("worker %d crashed: %s: %s", number, type(exc).__name__, exc)
         code = 1
@@ -123,7 +135,7 @@ def main(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
 
 
 def _run(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
-         tick_interval: float) -> int:
+         tick_interval: float, instance: str) -> int:
     from .worker import Worker
 
     parent = os.getppid()
@@ -141,7 +153,7 @@ def _run(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
         else:
             proctitle.set(f"pgfence worker {number} {job.kind} job {job.id} attempt {job.attempt}")
 
-    worker = Worker(dsn, settings, name=worker_name(os.getpid(), number),
+    worker = Worker(dsn, settings, name=worker_name(os.getpid(), number, instance),
                     heartbeat=leases, on_job=title)
     # Signal handlers only record: the loop stops claiming and the running
     # job finishes first.

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin, db, embedded, errortext, kinds, migrate, multiproc, registry, retention, settings as settings_mod
+from . import admin, bounds, db, embedded, errortext, kinds, migrate, multiproc, proctitle, registry, retention, settings as settings_mod
 from .errors import ConfigError, PgfenceError, SchemaMissing, UnknownHandler
 from .loadtest import options as loadtest_options
 from .producer import enqueue
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     _worker_options(p)
     p.add_argument("--burst", action="store_true", help="exit when no job is left to claim")
     p.add_argument("--max-jobs", type=int, help="exit after this many jobs")
-    p.add_argument("--name", help="the worker's name in locked_by (default host:pid)")
+    p.add_argument("--name", help="the worker's name in locked_by (default host:pid:<random instance id>)")
     # UNSAFE: no lease renewal, completion by id alone.  Only the demo (and the
     # tests that reproduce the double run) use it, so it is not in --help.
     p.add_argument("--unprotected", action="store_true", help=argparse.SUPPRESS)
@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a worker may keep running a job whose lease is lost before it is killed (default 5)")
     p.add_argument("--metrics-host", help="address of /metrics, /healthz, /readyz (default 127.0.0.1)")
     p.add_argument("--metrics-port", help="port of the metrics endpoint, 0 for none (default 9464)")
-    p.add_argument("--metrics-dir", help="directory for the processes' metric files (wiped at start)")
+    p.add_argument("--metrics-dir", help="a new or empty directory for the processes' metric files "
+                                            "(pgfence's own: its metric files are deleted at start)")
     p.add_argument("--no-listen", dest="listen", action="store_const", const="false",
                    help="poll instead of LISTEN/NOTIFY (for PgBouncer in transaction pooling)")
     p.add_argument("--no-prepare", dest="prepare", action="store_const", const="false",
@@ -449,8 +450,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     seconds = settings_mod.parse_duration("--retention", args.retention)
-    if seconds <= 0:
-        raise ConfigError("invalid --retention: must be positive")
+    bounds.check("retention", seconds, label="--retention")
     _dsn_value, conn = _connect(args)
     with conn:
         deleted = retention.prune(conn, seconds)
@@ -528,7 +528,37 @@ def _configure_logging(level_name: str) -> None:
     logging.getLogger("pgfence").setLevel(level)
 
 
+def _dsn_arguments(argv: Sequence[str]) -> list[str]:
+    """The command-line arguments (or the values of ``--opt=value`` ones)
+    that hold a DSN with a password, however mistyped their flag."""
+    found = []
+    for arg in argv:
+        for text in (arg, arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else ""):
+            if text and db.has_password(text):
+                found.append(text)
+    return found
+
+
+def _scrub_argv(message: str, argv: Sequence[str]) -> str:
+    """``message`` (argparse quotes arguments it cannot place: a mistyped
+    ``--dns postgresql://u:pw@...``) without any DSN of the command line."""
+    for dsn in _dsn_arguments(argv):
+        message = db.scrub(message, dsn)
+    return message
+
+
+def _hide_argv(argv: Sequence[str]) -> None:
+    """Replace what ``ps`` shows of this process (its argv) by the command
+    with every DSN password masked: ``pgfence work --dsn
+    postgresql://u:***@db/app``.  ``pgfence run``'s processes set titles of
+    their own later; every other command keeps this one."""
+    proctitle.set(" ".join(["pgfence", *(db.mask_passwords(arg) for arg in argv)]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+        _hide_argv(argv)
     try:
         args = build_parser().parse_args(argv)
         # argparse checks --log-level against its choices, but not the
@@ -539,7 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _configure_logging(getattr(args, "log_level", "INFO"))
         return COMMANDS[args.command](args)
     except PgfenceError as exc:
-        print(f"pgfence: error: {exc}", file=sys.stderr)
+        print(f"pgfence: error: {_scrub_argv(str(exc), argv)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("pgfence: interrupted", file=sys.stderr)

@@ -43,6 +43,8 @@ def redact(dsn: str) -> str:
 
 
 _URI_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^:@/?#]*:([^@/?#]*)@")
+#: A URI's password anywhere in a text (an argument like ``--dsn=postgresql://...``).
+_URI_PASSWORD_ANYWHERE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^:@/?#\s]*:([^@/?#\s]*)@")
 _KV_PASSWORD = re.compile(r"\bpassword\s*=\s*('(?:\\.|[^'\\])*'?|\S+)")
 
 
@@ -60,6 +62,18 @@ def scrub(text: str, dsn: str | None) -> str:
     for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
         text = text.replace(secret, "***")
     return text
+
+
+def has_password(text: str) -> bool:
+    """Whether ``text`` looks like a DSN (URI or key/value) holding a password."""
+    return bool(_URI_PASSWORD_ANYWHERE.search(text) or _KV_PASSWORD.search(text))
+
+
+def mask_passwords(text: str) -> str:
+    """``text`` (a command-line argument, say) with the password of a DSN in
+    it replaced by ``***``, the rest kept as written."""
+    text = _URI_PASSWORD_ANYWHERE.sub(lambda m: m.group(0)[: m.start(1) - m.start(0)] + "***@", text)
+    return _KV_PASSWORD.sub("password=***", text)
 
 
 def conninfo(dsn: str, application_name: str = "pgfence", **extra: object) -> str:

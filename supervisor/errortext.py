@@ -66,6 +66,15 @@ def cap(text: str, limit: int = TRACEBACK_CAP, head: int = TRACEBACK_HEAD) -> st
     return text[:head] + marker + text[len(text) - tail:]
 
 
+def storable(text: str) -> str:
+    """``text`` as PostgreSQL can store it: a NUL byte (which no text column
+    holds) written ``\\x00`` and a lone surrogate (which UTF-8 cannot
+    encode: bytes decoded with ``surrogateescape``, say) as ``\\udcxx``.  An
+    error message with either once made its report fail and killed the
+    worker; everything else is kept as it is."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def format_traceback(exc: BaseException) -> str:
     """The traceback of ``exc`` as Python prints it, capped (:func:`cap`)."""
     return cap("".join(traceback.format_exception(exc)).rstrip("\n"))

@@ -31,8 +31,10 @@ log = logging.getLogger("pgfence.heartbeat")
 
 
 class HeartbeatProcess:
-    def __init__(self, dsn: str, settings: Settings, table: SlotTable, *, liveness: float):
+    def __init__(self, dsn: str, settings: Settings, table: SlotTable, *, liveness: float, instance: str):
         self.table = table
+        #: The supervisor's instance id, in its children's names.
+        self.instance = instance
         self.liveness = liveness
         self.manager = HeartbeatManager(dsn, default_lease=settings.lease, interval=settings.heartbeat,
                                         timeout_grace=settings.lost_lease_kill_after, prepare=settings.prepare)
@@ -111,9 +113,12 @@ class HeartbeatProcess:
                               f"timed out after {held.timeout:g}s; worker killed" if timed_out else None))
                 known.add(held.job_id)
             # A child can die between its claim's commit and publishing it:
-            # those jobs are found by its name, then released by (id, attempt).
+            # those jobs are found by its exact name (this supervisor's
+            # instance id in it: another supervisor's child with the same
+            # host, pid and number is not this one), then released by
+            # (id, attempt).
             _state, pid, number, _tick = self.table.slot(slot)
-            for job_id, attempt in self.manager.owned(worker_name(pid, number)):
+            for job_id, attempt in self.manager.owned(worker_name(pid, number, self.instance)):
                 if job_id not in known:
                     items.append((job_id, attempt, state == ORPHANED_CRASH, None))
         if not slots:
@@ -158,7 +163,7 @@ class HeartbeatProcess:
                      ", ".join(f"job {lease.id} attempt {lease.attempt} ({lease.lost_reason})" for lease in still_held))
 
 
-def main(dsn: str, settings: Settings, table: SlotTable, liveness: float) -> int:
+def main(dsn: str, settings: Settings, table: SlotTable, liveness: float, instance: str) -> int:
     """The heartbeat process's life; returns its exit status."""
     parent = os.getppid()
     proctitle.set("pgfence heartbeat [0 leases]")
@@ -178,7 +183,7 @@ def main(dsn: str, settings: Settings, table: SlotTable, liveness: float) -> int
         signal.signal(sig, signal.SIG_IGN)
     # Blocked by the arbiter across the fork (see child.STARTUP_BLOCKED).
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGUSR1})
-    process = HeartbeatProcess(dsn, settings, table, liveness=liveness)
+    process = HeartbeatProcess(dsn, settings, table, liveness=liveness, instance=instance)
     next_at = time.monotonic()
     try:
         while not stop:

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from . import names
+from . import bounds, names
 from .errors import ConfigError, HandlerImportError, UnknownHandler
 
 #: The modules loaded when no ``--handlers`` is given.
@@ -67,8 +67,8 @@ def handler(
         except ConfigError as exc:
             raise ConfigError(f"handler {kind!r}: {exc}") from None
     for name, value in (("lease", lease), ("timeout", timeout)):
-        if value is not None and value <= 0:
-            raise ConfigError(f"handler {kind!r}: {name} must be positive, got {value}")
+        if value is not None:
+            bounds.check(name, value, label=f"{name} of handler {kind!r}")
     if max_attempts is not None and max_attempts < 1:
         raise ConfigError(f"handler {kind!r}: max_attempts must be at least 1, got {max_attempts}")
     if max_reclaims is not None and max_reclaims < 0:

@@ -9,7 +9,6 @@ line naming the setting.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import tomllib
@@ -17,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import names
+from . import bounds, names
 from .errors import ConfigError
 from .registry import DEFAULT_MODULES
 
@@ -81,17 +80,11 @@ class Settings:
     fence: bool = field(default=True, metadata={"hidden": True})
 
     def __post_init__(self) -> None:
-        positive = ["lease", "poll_interval", "backoff_base", "backoff_max", "prune_interval",
-                    "graceful_timeout", "lost_lease_kill_after", "unknown_kind_delay", "unknown_kind_timeout"]
-        for name in positive:
+        # Every duration within its documented range (supervisor.bounds).
+        for name in bounds.RANGES:
             value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ConfigError(f"invalid {name.replace('_', '-')}: must be a positive number of seconds, "
-                                  f"got {value!r}")
-        for name in ("heartbeat", "timeout", "retention"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"invalid {name}: must be a positive number of seconds, got {value!r}")
+            if value is not None or name not in ("heartbeat", "timeout", "retention"):
+                bounds.check(name, value)
         for name in ("batch", "workers"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):

@@ -49,7 +49,11 @@ RUN_AT_MARGIN = 0.005
 
 
 def default_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """``host:pid:instance``: the random instance id tells this worker from
+    one with the same host name and pid elsewhere (containers)."""
+    from .child import new_instance_id   # child imports this module lazily too
+
+    return f"{socket.gethostname()}:{os.getpid()}:{new_instance_id()}"
 
 
 @dataclass
@@ -331,14 +335,23 @@ class Worker:
         the traceback of ``exc`` if given, and log it at WARNING: kind, id,
         attempt and the error's first line, escaped (never the payload)."""
         backoff = self.backoff(job.attempt)
-        params = {"id": job.id, "attempt": job.attempt, "error": error[:2000],
-                  "traceback": errortext.format_traceback(exc) if exc is not None else None,
+        # The text comes from the handler: made storable (no NUL, no lone
+        # surrogate), or the report itself fails and the worker with it.
+        error = errortext.storable(error)[:2000]
+        params = {"id": job.id, "attempt": job.attempt, "error": error,
+                  "traceback": errortext.storable(errortext.format_traceback(exc)) if exc is not None else None,
                   "final": final, "backoff": backoff}
         try:
-            with db.translated(self.dsn):
-                row = self.conn.execute(q("fail_or_retry"), params).fetchone()
+            row = self._report_failure(job, params)
         except DatabaseUnavailable as exc:
             log.warning("job %s attempt %s: could not report its error (%s)", job.id, job.attempt, exc)
+            self._drop_connection()
+            return LOST
+        except Exception as exc:  # noqa: BLE001 - a handler's error must never kill its worker
+            # Not reported: the job stays running and is reclaimed when its
+            # lease runs out, and this worker goes on with the next one.
+            log.error("job %s attempt %s: could not report its error: %s: %s", job.id, job.attempt,
+                      type(exc).__name__, errortext.first_line(str(exc)))
             self._drop_connection()
             return LOST
         if row is None:
@@ -359,6 +372,23 @@ class Worker:
                     errortext.first_line(error))
         metrics.JOBS_RETRIED.labels(job.queue, job.kind).inc()
         return RETRIED
+
+    def _report_failure(self, job: Job, params: dict) -> tuple | None:
+        """Run ``fail_or_retry``; should the server refuse the error text
+        itself (a character the database encoding lacks, say), report the
+        failure again with a plain text instead, so the attempt is still
+        counted and the job retried or failed."""
+        try:
+            with db.translated(self.dsn):
+                return self.conn.execute(q("fail_or_retry"), params).fetchone()
+        except DatabaseUnavailable:
+            raise
+        except (PgfenceError, psycopg.DataError) as exc:
+            log.warning("job %s attempt %s: its error text was refused (%s); reporting it without the text",
+                        job.id, job.attempt, errortext.first_line(str(exc)))
+            plain = {**params, "error": "the handler's error message could not be stored", "traceback": None}
+            with db.translated(self.dsn):
+                return self.conn.execute(q("fail_or_retry"), plain).fetchone()
 
     def _put_back_unknown(self, job: Job) -> str:
         """Hand back (fenced) a job whose kind this worker does not know,

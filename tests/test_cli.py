@@ -7,6 +7,7 @@ never a traceback, and nothing is written.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -94,7 +95,24 @@ BAD_INPUT = [
          "invalid priority: must be between -2147483648 and 2147483647, got 99999999999"),
     Case("max_attempts_out_of_range", ["enqueue", "noop", "--max-attempts", "2147483648"], 2, "invalid max-attempts"),
     Case("negative_lease", ["work", "--burst", "--lease", "-3"], 2, "invalid lease"),
-    Case("zero_lease", ["work", "--burst", "--lease", "0"], 2, "invalid lease: must be a positive number"),
+    Case("zero_lease", ["work", "--burst", "--lease", "0"], 2,
+         "invalid lease: must be a number of seconds from 0.1s to 7d, got 0.0"),
+    # Out of range: a huge lease overflowed the database's timestamps and
+    # crash-looped the children; a tiny one ends before the claim returns.
+    Case("huge_lease", ["work", "--burst", "--lease", "1e13"], 2,
+         "invalid lease: must be a number of seconds from 0.1s to 7d, got 10000000000000.0"),
+    Case("tiny_lease", ["work", "--burst", "--lease", "0.001"], 2,
+         "invalid lease: must be a number of seconds from 0.1s to 7d, got 0.001"),
+    Case("run_huge_lease", ["run", "--lease", "1e13"], 2, "invalid lease: must be a number of seconds from 0.1s"),
+    Case("huge_heartbeat", ["work", "--burst", "--lease", "7d", "--heartbeat", "3d"], 2,
+         "invalid heartbeat: must be a number of seconds from 0.05s to 1d, got 259200.0"),
+    Case("huge_timeout", ["work", "--burst", "--timeout", "1e13"], 2, "invalid timeout: must be a number of seconds"),
+    Case("huge_poll_interval", ["work", "--burst", "--poll-interval", "2h"], 2,
+         "invalid poll-interval: must be a number of seconds from 0.01s to 1h, got 7200.0"),
+    Case("env_huge_retention", ["work", "--burst"], 2, "invalid retention: must be a number of seconds",
+         env={"PGFENCE_RETENTION": "1e13"}),
+    Case("toml_huge_backoff", ["work", "--burst"], 2, "invalid backoff-max: must be a number of seconds",
+         toml="backoff_max = 1e13\n"),
     Case("batch_zero", ["work", "--burst", "--batch", "0"], 2, "invalid batch: must be a whole number of at least 1"),
     Case("batch_not_whole", ["work", "--burst", "--batch", "2.5"], 2, "invalid batch: expected a whole number"),
     Case("heartbeat_not_shorter", ["work", "--burst", "--lease", "5", "--heartbeat", "5"], 2, "invalid heartbeat"),
@@ -110,7 +128,9 @@ BAD_INPUT = [
          "config file not found"),
     Case("retry_nothing", ["retry"], 2, "give job ids or --failed"),
     Case("retry_bad_id", ["retry", "seven"], 2, "invalid int value: 'seven'"),
-    Case("prune_zero", ["prune", "--retention", "0"], 2, "invalid --retention: must be positive"),
+    Case("prune_zero", ["prune", "--retention", "0"], 2,
+         "invalid --retention: must be a number of seconds from 1s to 3650d, got 0.0"),
+    Case("prune_huge", ["prune", "--retention", "1e13"], 2, "invalid --retention: must be a number of seconds"),
     Case("prune_garbage", ["prune", "--retention", "forever"], 2, "invalid --retention"),
     Case("unknown_command", ["frobnicate"], 2, "invalid choice: 'frobnicate'"),
 ]
@@ -457,3 +477,78 @@ def test_enqueue_payload_usage_errors_are_one_line_and_write_nothing(dsn, conn, 
     assert out.returncode == 0, out.stderr
     assert job_row(conn, int(out.stdout))["payload"] == "\\u0000"
     assert scalar(conn, "SELECT count(*) FROM pgfence.jobs") == 1
+
+
+# -- the DSN password in ps and in usage errors -------------------------------------
+
+
+def uri_with_password(dsn: str) -> str:
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    # The test server trusts every connection: the password is never asked for.
+    return f"postgresql://{params['user']}:{PASSWORD}@{params['host']}:{params['port']}/{params['dbname']}"
+
+
+def cmdline(pid: int) -> str:
+    """What ps shows of a process: its argv as the kernel holds it."""
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def descendants(pid: int) -> list[int]:
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def workers_connected(conn: psycopg.Connection) -> int:
+    return scalar(conn, "SELECT count(*) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND application_name LIKE 'pgfence worker %%'")
+
+
+def test_ps_never_shows_the_dsn_password(dsn, conn):
+    uri = uri_with_password(dsn)
+    work = spawn("work", "--dsn", uri, "--queues", "hidden_q", "--poll-interval", "0.5", env=env_for(None))
+    run = spawn("run", f"--dsn={uri}", "--workers", "1", "--queues", "hidden_r", env=env_for(None))
+    try:
+        wait_for(lambda: workers_connected(conn) >= 2, message="both commands' workers connected")
+        titles = {pid: cmdline(pid) for pid in [work.pid, run.pid, *descendants(run.pid)]}
+        assert all(PASSWORD not in title for title in titles.values()), titles
+        masked = uri.replace(PASSWORD, "***")
+        assert titles[work.pid] == f"pgfence work --dsn {masked} --queues hidden_q --poll-interval 0.5"
+        assert titles[run.pid].startswith("pgfence arbiter [1 workers] queues=hidden_r"), titles
+        assert sorted(titles[pid].split(" [")[0] for pid in descendants(run.pid)) == \
+            ["pgfence heartbeat", "pgfence worker 1 idle"], titles
+    finally:
+        for proc in (work, run):
+            proc.terminate()
+        for proc in (work, run):
+            out, err = proc.communicate(timeout=60)
+            assert PASSWORD not in out + err
+    assert (work.returncode, run.returncode) == (0, 0)
+
+
+def test_usage_errors_never_print_the_dsn_password(tmp_path):
+    uri = f"postgresql://postgres:{PASSWORD}@127.0.0.1:1/x"
+    kv = f"host=127.0.0.1 port=1 password={PASSWORD} dbname=x"
+    cases = [
+        Case("mistyped_flag", ["run", "--dns", uri], 2, "pgfence: unrecognized arguments: --dns ***"),
+        Case("mistyped_flag_equals", ["work", f"--dns={uri}"], 2, "pgfence: unrecognized arguments: ***"),
+        Case("kv_mistyped", ["status", "--dns", kv], 2, "pgfence: unrecognized arguments: --dns ***"),
+        Case("dsn_as_command", [uri], 2, "argument command: invalid choice: '***'"),
+        Case("extra_after_dsn", ["status", "--dsn", uri, uri], 2, "unrecognized arguments: ***"),
+    ]
+    results = run_cases(cases, None, tmp_path)
+    failures = {case.name: p for case, out, err, code in results if (p := problems_of(case, out, err, code))}
+    assert failures == {}

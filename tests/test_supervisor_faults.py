@@ -262,8 +262,8 @@ def supervisors(dsn, tmp_path):
 
 
 def pid_of(locked_by: str | None) -> int | None:
-    """The pid in a supervised worker's name ``host:pid:wN``."""
-    return int(locked_by.split(":")[-2]) if locked_by else None
+    """The pid in a supervised worker's name ``host:pid:wN:instance``."""
+    return int(locked_by.split(":")[1]) if locked_by else None
 
 
 def holder(conn, job_id: int) -> tuple[int, int] | None:
