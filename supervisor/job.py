@@ -244,11 +244,27 @@ class Job:
         except BaseException as exc:
             rejected = _sqlstate(exc) in (FENCE_REJECTED, "40001")
             self._roll_back()
+            if not rejected and _pipeline_aborted(exc):
+                # The aborting error was read elsewhere (timing decides where
+                # psycopg reads a pipeline's results): ask the fence itself.
+                rejected = self._lost_ownership()
             if rejected:
                 self._rejected()
                 raise LeaseLost(self.id, self.attempt, "fence_rejected") from None
             raise
         self.completed = True
+
+    def _lost_ownership(self) -> bool:
+        """True if this attempt is known to no longer own the job; False if
+        it still does, or if the connection cannot tell."""
+        conn = self.conn
+        if conn.closed:
+            return False
+        try:
+            with db.translated():
+                return not conn.execute(q("still_owned"), {"id": self.id, "attempt": self.attempt}).fetchone()[0]
+        except Exception:  # noqa: BLE001 - the original error is raised instead
+            return False
 
     def _check_open(self) -> None:
         if self.conn is None:
@@ -300,10 +316,29 @@ class Writes:
 FENCE_REJECTED = "PF001"
 
 
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the errors behind it (a pgfence error wraps a driver
+    error; an error raised while handling another keeps it as context)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        candidate = todo.pop(0)
+        if candidate is None or id(candidate) in seen:
+            continue
+        seen.add(id(candidate))
+        yield candidate
+        todo += [candidate.__cause__, candidate.__context__]
+
+
 def _sqlstate(exc: BaseException) -> str | None:
-    """The SQLSTATE of a driver error, also when wrapped in a pgfence error."""
-    for candidate in (exc, exc.__cause__):
-        state = getattr(candidate, "sqlstate", None)
-        if state:
+    """The SQLSTATE of a driver error, also when wrapped in a pgfence error
+    or raised while another was handled (a fence refusal first)."""
+    states = [getattr(candidate, "sqlstate", None) for candidate in _chain(exc)]
+    for state in states:
+        if state in (FENCE_REJECTED, "40001"):
             return state
-    return None
+    return next((state for state in states if state), None)
+
+
+def _pipeline_aborted(exc: BaseException) -> bool:
+    return any(isinstance(candidate, psycopg.errors.PipelineAborted) for candidate in _chain(exc))

@@ -228,3 +228,11 @@ RETURNING id;
 SELECT id, attempt
   FROM pgfence.jobs
  WHERE locked_by = %(owner)s AND status = 'running';
+
+-- name: still_owned
+-- Whether this attempt still owns the job (running, same attempt): asked
+-- after a one-round-trip block failed without saying why (psycopg reports
+-- "pipeline aborted" when the error of the statement that aborted it was
+-- read elsewhere), to tell a fence refusal from any other failure.
+SELECT EXISTS (SELECT 1 FROM pgfence.jobs
+                WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running');
