@@ -21,7 +21,11 @@ SELECT id, queue, kind, attempt, locked_by,
 UPDATE pgfence.jobs
    SET status = 'queued', run_at = now(), finished_at = NULL, locked_by = NULL,
        lease_until = NULL, max_attempts = attempt - putbacks + %(extra_attempts)s, reclaims = 0
- WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled')
+ WHERE id IN (SELECT id FROM pgfence.jobs
+               WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled')
+               ORDER BY id
+                 FOR UPDATE)
+   AND status IN ('failed', 'cancelled')
 RETURNING id;
 
 -- name: retry_failed
@@ -29,7 +33,8 @@ RETURNING id;
 UPDATE pgfence.jobs
    SET status = 'queued', run_at = now(), finished_at = NULL, locked_by = NULL,
        lease_until = NULL, max_attempts = attempt - putbacks + %(extra_attempts)s, reclaims = 0
- WHERE status = 'failed'
+ WHERE id IN (SELECT id FROM pgfence.jobs WHERE status = 'failed' ORDER BY id FOR UPDATE)
+   AND status = 'failed'
 RETURNING id;
 
 -- name: cancel_ids
@@ -38,7 +43,11 @@ RETURNING id;
 UPDATE pgfence.jobs
    SET status = 'cancelled', finished_at = now(), locked_by = NULL, lease_until = NULL,
        last_error = coalesce(last_error, 'cancelled by an operator')
- WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('queued', 'running')
+ WHERE id IN (SELECT id FROM pgfence.jobs
+               WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('queued', 'running')
+               ORDER BY id
+                 FOR UPDATE)
+   AND status IN ('queued', 'running')
 RETURNING id;
 
 -- name: prune_batch
