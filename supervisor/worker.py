@@ -96,6 +96,9 @@ class Worker:
         self._durations: dict[tuple[str, str], list[float]] | None = None
         #: Unknown kinds already logged by this worker (once per kind).
         self._unknown_logged: set[str] = set()
+        #: Jobs whose lease was lost to an outage and whose release the
+        #: database did not answer: released (fenced) at the next round.
+        self._unreleased: list[Job] = []
 
     # -- connection -----------------------------------------------------------
 
@@ -294,8 +297,12 @@ class Worker:
             if exc.reason in ("renewal_failed", "expired"):
                 # The database was out of reach, or nobody renewed the lease
                 # in time; if nobody took the job meanwhile, hand it back now
-                # rather than leave it to the reclaim scan.
-                self.release(job)
+                # rather than leave it to the reclaim scan.  A lease lost to
+                # an outage is not the job's fault: if the database is still
+                # out of reach, the release is tried again once it is back,
+                # before the reclaim scan of a worker can count it against
+                # max_reclaims.
+                self.release(job, retry_later=exc.reason == "renewal_failed")
             return LOST
         except PayloadRejected as exc:
             return self._fail(job, f"payload rejected: {exc}", final=True, exc=exc)
@@ -394,16 +401,22 @@ class Worker:
                         self.settings.unknown_kind_delay, self.settings.unknown_kind_timeout)
         return PUT_BACK
 
-    def release(self, job: Job, *, reclaim: bool = False, reason: str | None = None) -> bool:
-        """Hand a claimed job back to the queue (fenced); True if it was still ours."""
+    def release(self, job: Job, *, reclaim: bool = False, reason: str | None = None,
+                retry_later: bool = False) -> bool:
+        """Hand a claimed job back to the queue (fenced); True if it was still
+        ours.  With ``retry_later``, a release the database did not answer
+        is tried again at the start of the next claim round."""
         if self.heartbeat is not None:
             self.heartbeat.untrack(job.lease)
         params = {"id": job.id, "attempt": job.attempt, "reclaim": reclaim, "reason": reason}
         try:
             row = db.retrying(lambda: self.conn.execute(q("release"), params).fetchone(), self.dsn, what="release")
         except DatabaseError as exc:
-            log.warning("job %s attempt %s: could not release it (%s)", job.id, job.attempt, exc)
+            log.warning("job %s attempt %s: could not release it (%s)%s", job.id, job.attempt, exc,
+                        "; trying again once the database answers" if retry_later else "")
             self._forget_connection(exc)
+            if retry_later:
+                self._unreleased.append(job)
             return False
         if row is not None:
             metrics.JOBS_RELEASED.labels(job.queue, job.kind).inc()
@@ -439,6 +452,10 @@ class Worker:
         held (and renewed) until then, so the wait costs latency, never
         safety; batches are for quick jobs.
         """
+        pending, self._unreleased = self._unreleased, []
+        for job in pending:
+            if self.release(job, retry_later=True):
+                log.info("job %s attempt %s released after the outage that lost its lease", job.id, job.attempt)
         jobs = self.claim()
         if jobs:
             # Work found: the next step is another claim, whose snapshot sees
