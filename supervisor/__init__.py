@@ -16,11 +16,14 @@ from typing import Any
 
 _EXPORTS = {
     "ConfigError": "errors",
+    "DatabaseError": "errors",
     "DatabaseUnavailable": "errors",
     "LeaseLost": "errors",
     "PayloadRejected": "errors",
     "PgfenceError": "errors",
     "SchemaMissing": "errors",
+    "StatementCanceled": "errors",
+    "TransactionConflict": "errors",
     "UnknownHandler": "errors",
     "Job": "job",
     "enqueue": "producer",

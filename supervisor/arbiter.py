@@ -72,6 +72,10 @@ class Child:
     killed_for_stop: bool = False
     term_sent_at: float | None = None
     killed_for_lost: bool = False
+    #: Killed because a lease it held was lost to a renewal that failed (the
+    #: database out of reach): its jobs are released without counting
+    #: against their max_reclaims.
+    killed_for_outage: bool = False
     #: The child ticked at least once: it connected and was ready to work.
     booted: bool = False
 
@@ -358,7 +362,7 @@ class Arbiter:
         # it had no time to publish: the heartbeat manager looks for those by
         # name.  One that never came up (never ticked) never claimed.
         if held or (c.booted and os.waitstatus_to_exitcode(status) != 0):
-            stop_kill = c.killed_for_stop or self._stopping is not None
+            stop_kill = c.killed_for_stop or c.killed_for_outage or self._stopping is not None
             self.table.set_state(c.slot, ORPHANED_STOP if stop_kill else ORPHANED_CRASH)
             self._wake_heartbeat()
         else:
@@ -454,6 +458,8 @@ class Arbiter:
                 if news and news[1] and news[1] != "timeout":
                     if now - news[2] >= grace:
                         c.killed_for_lost = True
+                        # An outage lost the lease, not the job or its worker.
+                        c.killed_for_outage = news[1] == "renewal_failed"
                         log.warning("worker %d (pid %d) still runs job %d attempt %d %gs after its lease was lost "
                                     "(%s): killing it", c.number, c.pid, held.job_id, held.attempt, grace, news[1])
                         _kill(c.pid, signal.SIGKILL)

@@ -56,6 +56,9 @@ def _worker_options(p: argparse.ArgumentParser) -> None:
                    help="seconds before a job of a kind this worker does not know, put back, may run (default 30)")
     p.add_argument("--unknown-kind-timeout",
                    help="age at which a job of a kind this worker does not know fails instead (default 1h)")
+    p.add_argument("--idle-in-transaction-timeout",
+                   help="seconds a connection may sit idle in a transaction before the server ends it and frees "
+                        "its row locks, 1s to 1d or none (default 60)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -198,7 +201,7 @@ def _worker_settings(args: argparse.Namespace) -> settings_mod.Settings:
     cli = {name: getattr(args, name, None) for name in
            ("queues", "lease", "heartbeat", "batch", "poll_interval", "timeout", "retention", "handlers",
             "workers", "graceful_timeout", "lost_lease_kill_after", "metrics_host", "metrics_port", "metrics_dir",
-            "listen", "prepare", "unknown_kind_delay", "unknown_kind_timeout")}
+            "listen", "prepare", "unknown_kind_delay", "unknown_kind_timeout", "idle_in_transaction_timeout")}
     return settings_mod.load(cli, config_path=getattr(args, "config", None))
 
 

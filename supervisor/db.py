@@ -9,15 +9,20 @@ people only through :func:`redact`, which drops the password.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TypeVar
 
 import psycopg
 from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from .errors import DatabaseUnavailable, LeaseLost, PgfenceError, SchemaMissing
+from .errors import (DatabaseError, DatabaseUnavailable, LeaseLost, PgfenceError, SchemaMissing, StatementCanceled,
+                     TransactionConflict)
+
+log = logging.getLogger("pgfence.db")
 
 #: Seconds to wait for a TCP connection before calling the database unreachable.
 CONNECT_TIMEOUT = 5
@@ -107,30 +112,92 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def translate(exc: BaseException, dsn: str | None = None) -> PgfenceError:
-    """The pgfence error for a driver error."""
+#: SQLSTATEs that mean the session is gone or cannot be had: the server shut
+#: down, crashed or is starting (57P01-57P03), too many connections (53300),
+#: a session ended by idle_in_transaction_session_timeout (25P03) or
+#: idle_session_timeout (57P05).  Class 08 (connection exceptions) too.
+_UNAVAILABLE = {"57P01", "57P02", "57P03", "57P05", "53300", "25P03"}
+#: SQLSTATEs of a statement the server aborted to break a deadlock or a
+#: serialization failure: nothing was written, it may run again at once.
+_CONFLICT = {"40001", "40P01"}
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    return getattr(exc, "sqlstate", None)
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """A deadlock (40P01) or serialization failure (40001), raw or translated."""
+    return isinstance(exc, TransactionConflict) or sqlstate(exc) in _CONFLICT
+
+
+def translate(exc: BaseException, dsn: str | None = None, *, connecting: bool = False) -> PgfenceError:
+    """The pgfence error for a driver error, by the class of its SQLSTATE.
+
+    Only a connection that cannot be had or that broke is
+    :class:`DatabaseUnavailable` (any failure to connect, SQLSTATE class 08,
+    the server shutting down, a session ended by a timeout, a network or
+    driver error without SQLSTATE).  A deadlock or serialization failure is
+    a :class:`TransactionConflict`, a statement timeout or cancel a
+    :class:`StatementCanceled`, anything else (a data error, an index row
+    too big, a lock not available...) a :class:`DatabaseError`; each with
+    the server's message and SQLSTATE.
+    """
     if isinstance(exc, PgfenceError):
         return exc
+    code = sqlstate(exc)
     # Without the schema, PostgreSQL names the missing schema (a function
     # call) or the missing pgfence table; a wrongly typed call is not that.
     if isinstance(exc, pgerrors.InvalidSchemaName) or (
             isinstance(exc, pgerrors.UndefinedTable) and "pgfence." in str(exc)):
         return SchemaMissing(f"pgfence schema missing ({first_line(exc)}): run 'pgfence migrate'")
-    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | OSError):
+    if (connecting or isinstance(exc, psycopg.InterfaceError | OSError)
+            or (code is None and isinstance(exc, psycopg.OperationalError))
+            or (code is not None and (code.startswith("08") or code in _UNAVAILABLE))):
         where = f" ({redact(dsn)})" if dsn else ""
-        return DatabaseUnavailable(f"database unreachable{where}: {scrub(first_line(exc), dsn)}")
-    return PgfenceError(f"database error: {first_line(exc)}")
+        return DatabaseUnavailable(f"database unreachable{where}: {scrub(first_line(exc), dsn)}", code)
+    message = scrub(first_line(exc), dsn)
+    if code in _CONFLICT:
+        return TransactionConflict(f"transaction conflict: {message} (SQLSTATE {code})", code)
+    if code == "57014":
+        return StatementCanceled(f"statement canceled: {message} (SQLSTATE {code})", code)
+    return DatabaseError(f"database error: {message}" + (f" (SQLSTATE {code})" if code else ""), code)
 
 
 @contextlib.contextmanager
-def translated(dsn: str | None = None) -> Iterator[None]:
+def translated(dsn: str | None = None, *, connecting: bool = False) -> Iterator[None]:
     """Re-raise driver errors inside the block as pgfence errors."""
     try:
         yield
     except PgfenceError:
         raise
     except (psycopg.Error, OSError) as exc:
-        raise translate(exc, dsn) from exc
+        raise translate(exc, dsn, connecting=connecting) from exc
+
+
+#: Tries of a statement the server aborted to break a deadlock or a
+#: serialization failure (see retrying).
+CONFLICT_TRIES = 5
+
+T = TypeVar("T")
+
+
+def retrying(run: Callable[[], T], dsn: str | None = None, *, what: str = "statement",
+             tries: int = CONFLICT_TRIES) -> T:
+    """``run()`` with driver errors translated; a :class:`TransactionConflict`
+    (deadlock, serialization failure) runs it again at once, up to ``tries``
+    times in all, then is raised.  ``run`` must be a whole transaction (an
+    autocommit statement, or a block that opens and ends its own
+    transaction): the server rolled back everything it did."""
+    for attempt in range(1, tries + 1):
+        try:
+            with translated(dsn):
+                return run()
+        except TransactionConflict as exc:
+            if attempt >= tries:
+                raise
+            log.info("%s: %s; running it again (try %d of %d)", what, exc, attempt + 1, tries)
+    raise AssertionError("unreachable")
 
 
 def array_literal(values: Iterable[int | float]) -> str:
@@ -155,7 +222,7 @@ def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgfen
     worker's connection, which runs the same few statements for ever, asks
     for it.
     """
-    with translated(dsn):
+    with translated(dsn, connecting=True):
         return psycopg.connect(
             conninfo(dsn, application_name=application_name),
             autocommit=autocommit,
@@ -164,7 +231,7 @@ def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgfen
 
 
 def is_serialization_failure(exc: BaseException) -> bool:
-    return isinstance(exc, pgerrors.SerializationFailure)
+    return isinstance(exc, pgerrors.SerializationFailure) or sqlstate(exc) == "40001"
 
 
 def fence_error(exc: BaseException, job_id: int, attempt: int) -> LeaseLost | None:

@@ -26,8 +26,30 @@ class HandlerImportError(ConfigError):
     """A handler module named with ``--handlers`` could not be imported."""
 
 
-class DatabaseUnavailable(PgfenceError):
-    """The database cannot be reached, or the connection broke."""
+class DatabaseError(PgfenceError):
+    """The database refused or aborted a statement; ``sqlstate`` is the
+    server's error code (None when the error did not come from the server).
+    The message carries the server's own text."""
+
+    def __init__(self, message: str, sqlstate: str | None = None):
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database cannot be reached, or the connection broke (SQLSTATE
+    class 08, a server shut down or restarting, a session ended by a
+    timeout, a network error)."""
+
+
+class TransactionConflict(DatabaseError):
+    """The server aborted a statement to break a deadlock (40P01) or a
+    serialization failure (40001): nothing was written, and the statement
+    can be run again at once."""
+
+
+class StatementCanceled(DatabaseError):
+    """A statement ran past its ``statement_timeout`` or was canceled (57014)."""
 
 
 class SchemaMissing(PgfenceError):

@@ -37,6 +37,7 @@ from . import db, metrics
 from .errors import ConfigError
 from .lease import Lease
 from .queries import q
+from .settings import idle_in_transaction_ms
 
 log = logging.getLogger("pgfence.heartbeat")
 
@@ -88,7 +89,7 @@ class HeartbeatManager:
 
     def __init__(self, dsn: str, *, default_lease: float = 30.0, interval: float | None = None,
                  timeout_grace: float = 0.0, application_name: str = "pgfence heartbeat",
-                 prepare: bool = False):
+                 prepare: bool = False, idle_in_transaction_timeout: float | None = 60.0):
         if default_lease <= 0:
             raise ValueError("default_lease must be positive")
         if interval is not None and interval <= 0:
@@ -98,6 +99,9 @@ class HeartbeatManager:
         self.heartbeat = interval
         self.interval = renew_period(default_lease, interval)
         self.timeout_grace = timeout_grace
+        #: idle_in_transaction_session_timeout of this manager's sessions and
+        #: renewals, in milliseconds ('0': the server's).
+        self.idle_in_transaction_ms = idle_in_transaction_ms(idle_in_transaction_timeout)
         self.statements = 0
         self._leases: dict[tuple[int, int], Lease] = {}
         self._lock = threading.Lock()
@@ -117,10 +121,15 @@ class HeartbeatManager:
             db.conninfo(dsn, application_name=application_name),
             min_size=1, max_size=1, open=False, timeout=max(1.0, self.interval),
             kwargs={"autocommit": True, "prepare_threshold": db.prepare_threshold(prepare)},
+            configure=self._configure,
             reconnect_timeout=3600 * 24 * 365,
             name="pgfence-heartbeat",
         )
         self._opened = False
+
+    def _configure(self, conn: psycopg.Connection) -> None:
+        """Each new connection of the pool: see session_settings."""
+        conn.execute(q("session_settings"), {"idle_ms": self.idle_in_transaction_ms})
 
     # -- tracking ---------------------------------------------------------
 
@@ -212,20 +221,28 @@ class HeartbeatManager:
             "leases": db.array_literal(float(lease.seconds) for lease in live),
         }
         sent_at = time.monotonic()
+
+        def renew() -> tuple[set, dict]:
+            with self._pool.connection() as conn, conn.transaction():
+                # Settings for this transaction only: a startup option or
+                # a session SET would not survive (or would leak through)
+                # a transaction-pooling PgBouncer.
+                conn.execute(q("renewal_settings"), {"ms": str(max(100, int(self.window(live) * 1000))),
+                                                     "idle_ms": self.idle_in_transaction_ms})
+                self.statements += 1
+                renewed = set(conn.execute(q("renew"), params).fetchall())
+                missed = [lease.id for lease in live if (lease.id, lease.attempt) not in renewed]
+                # Only a round that lost leases asks why.
+                verdicts = {job_id: (status, attempt) for job_id, status, attempt in
+                            conn.execute(q("renew_verdicts"), {"ids": missed}).fetchall()} if missed else {}
+            return renewed, verdicts
+
         try:
             with self._expiring(live, result):
                 self._open()
-                with self._pool.connection() as conn, conn.transaction():
-                    # Settings for this transaction only: a startup option or
-                    # a session SET would not survive (or would leak through)
-                    # a transaction-pooling PgBouncer.
-                    conn.execute(q("renewal_settings"), {"ms": str(max(100, int(self.window(live) * 1000)))})
-                    self.statements += 1
-                    renewed = set(conn.execute(q("renew"), params).fetchall())
-                    missed = [lease.id for lease in live if (lease.id, lease.attempt) not in renewed]
-                    # Only a round that lost leases asks why.
-                    verdicts = {job_id: (status, attempt) for job_id, status, attempt in
-                                conn.execute(q("renew_verdicts"), {"ids": missed}).fetchall()} if missed else {}
+                # A deadlock or serialization failure rolled the round back:
+                # it runs again at once, not a round later.
+                renewed, verdicts = db.retrying(renew, self.dsn, what="lease renewal")
         except (psycopg.Error, OSError, Exception) as exc:  # noqa: BLE001 - any failure is a failed round
             result.error = db.first_line(exc)
             log.warning("lease renewal failed: %s", result.error)

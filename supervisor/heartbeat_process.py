@@ -37,7 +37,8 @@ class HeartbeatProcess:
         self.instance = instance
         self.liveness = liveness
         self.manager = HeartbeatManager(dsn, default_lease=settings.lease, interval=settings.heartbeat,
-                                        timeout_grace=settings.lost_lease_kill_after, prepare=settings.prepare)
+                                        timeout_grace=settings.lost_lease_kill_after, prepare=settings.prepare,
+                                        idle_in_transaction_timeout=settings.idle_in_transaction_timeout)
         # How long the loop may sleep without looking at the table: short
         # enough to renew the shortest lease of the kinds registered (the
         # arbiter loaded them before the fork) and to catch their timeouts.

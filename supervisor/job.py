@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 
 from . import db, metrics, sqltext
-from .errors import LeaseLost, NotCommitted
+from .errors import LeaseLost, NotCommitted, TransactionConflict
 from .lease import Lease
 from .queries import q
 
@@ -157,7 +157,12 @@ class Job:
             with db.translated(), self.conn.transaction():
                 yield self.conn
                 self._complete_in_transaction()
-        except psycopg.errors.SerializationFailure:
+        except TransactionConflict as exc:
+            # Translated by db.translated(): a serialization failure means
+            # another transaction changed the job first (an isolation level
+            # above READ COMMITTED); a deadlock is an error like any other.
+            if not db.is_serialization_failure(exc):
+                raise
             self._rejected()
             raise LeaseLost(self.id, self.attempt, "fence_rejected") from None
         self.completed = True

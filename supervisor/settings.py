@@ -24,6 +24,17 @@ _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m|h|d
 _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
+#: Bounds of idle_in_transaction_timeout, in seconds.
+IDLE_IN_TRANSACTION_MIN = 1.0
+IDLE_IN_TRANSACTION_MAX = 86400.0
+
+
+def idle_in_transaction_ms(seconds: float | None) -> str:
+    """Seconds (None: off) as the milliseconds PostgreSQL's
+    idle_in_transaction_session_timeout takes, '0' meaning off."""
+    return "0" if seconds is None else str(max(1, int(seconds * 1000)))
+
+
 @dataclass(frozen=True)
 class Settings:
     #: Queues this worker claims from.
@@ -61,6 +72,13 @@ class Settings:
     graceful_timeout: float = 30.0
     #: Seconds a child may keep running a job whose lease is lost.
     lost_lease_kill_after: float = 5.0
+    #: Seconds a worker's or the heartbeat's connection may sit idle inside
+    #: a transaction (a handler's fenced() block waiting on Python, a host
+    #: frozen or cut off mid-transaction) before the server ends its session
+    #: and frees the rows it locked; 1s to 1 day, or none to keep the
+    #: server's setting.  A handler must not leave its fenced() transaction
+    #: idle this long.
+    idle_in_transaction_timeout: float | None = 60.0
     #: Where ``pgfence run`` serves /metrics, /healthz and /readyz (port 0: nowhere).
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9464
@@ -85,6 +103,11 @@ class Settings:
             value = getattr(self, name)
             if value is not None or name not in ("heartbeat", "timeout", "retention"):
                 bounds.check(name, value)
+        idle = self.idle_in_transaction_timeout
+        if idle is not None and not (isinstance(idle, int | float) and IDLE_IN_TRANSACTION_MIN <= idle
+                                     <= IDLE_IN_TRANSACTION_MAX):
+            raise ConfigError(f"invalid idle-in-transaction-timeout: must be {IDLE_IN_TRANSACTION_MIN:g}s to "
+                              f"{IDLE_IN_TRANSACTION_MAX:g}s, or none, got {idle!r}")
         for name in ("batch", "workers"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
@@ -101,6 +124,11 @@ class Settings:
             found = names.problem(queue, "queue")
             if found:
                 raise ConfigError(f"invalid queues: {found}")
+
+    @property
+    def idle_in_transaction_ms(self) -> str:
+        """``idle_in_transaction_timeout`` as PostgreSQL takes it ('0': off)."""
+        return idle_in_transaction_ms(self.idle_in_transaction_timeout)
 
     @property
     def heartbeat_interval(self) -> float:

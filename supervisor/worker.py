@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import psycopg
 
 from . import db, errortext, metrics, registry, retention
-from .errors import DatabaseUnavailable, LeaseLost, PayloadRejected, PgfenceError
+from .errors import (DatabaseError, DatabaseUnavailable, LeaseLost, PayloadRejected, PgfenceError,
+                     TransactionConflict)
 from .heartbeat import HeartbeatManager, validate_heartbeat
 from .job import Job, RawJSON
 from .lease import Lease
@@ -91,7 +92,8 @@ class Worker:
             validate_heartbeat(settings.heartbeat, registry.specs())
             self.heartbeat = HeartbeatManager(dsn, default_lease=settings.lease, interval=settings.heartbeat,
                                               timeout_grace=settings.lost_lease_kill_after,
-                                              prepare=settings.prepare)
+                                              prepare=settings.prepare,
+                                              idle_in_transaction_timeout=settings.idle_in_transaction_timeout)
         self._last_prune = time.monotonic()
         #: When the next claim also looks for expired leases (monotonic).
         self._next_reclaim_scan = 0.0
@@ -99,6 +101,9 @@ class Worker:
         self._durations: dict[tuple[str, str], list[float]] | None = None
         #: Unknown kinds already logged by this worker (once per kind).
         self._unknown_logged: set[str] = set()
+        #: Jobs whose lease was lost to an outage and whose release the
+        #: database did not answer: released (fenced) at the next round.
+        self._unreleased: list[Job] = []
 
     # -- connection -----------------------------------------------------------
 
@@ -107,6 +112,11 @@ class Worker:
         if self._conn is None or self._conn.closed:
             conn = db.connect(self.dsn, application_name=f"pgfence worker {self.name}",
                               prepare=self.settings.prepare)
+            # A session idle inside a transaction past the timeout is ended
+            # by the server, so a worker frozen in a fenced() block does not
+            # hold its rows' locks for ever (see session_settings).
+            with db.translated(self.dsn):
+                conn.execute(q("session_settings"), {"idle_ms": self.settings.idle_in_transaction_ms})
             # Listen before the first claim, so that no enqueue can fall
             # between a claim that found nothing and the LISTEN.  Behind a
             # transaction-pooling PgBouncer there is no session to listen
@@ -242,13 +252,14 @@ class Worker:
         params = {"ids": db.array_literal(j.id for j in jobs), "attempts": db.array_literal(j.attempt for j in jobs)}
         unavailable = False
         try:
-            with db.translated(self.dsn):
-                done = {row[0] for row in self.conn.execute(q("complete_many"), params)}
-        except DatabaseUnavailable as exc:
+            # A deadlock or serialization failure wrote nothing: run again at once.
+            done = db.retrying(lambda: {row[0] for row in self.conn.execute(q("complete_many"), params)},
+                               self.dsn, what="batched completion")
+        except DatabaseError as exc:
             # Not known to be refused: the jobs stay running and are reclaimed
             # when their leases run out.
             log.warning("batched completion failed: %s", exc)
-            self._drop_connection()
+            self._forget_connection(exc)
             done, unavailable = set(), True
         completed: dict[tuple[str, str], int] = {}
         for job in jobs:
@@ -300,8 +311,12 @@ class Worker:
             if exc.reason in ("renewal_failed", "expired"):
                 # The database was out of reach, or nobody renewed the lease
                 # in time; if nobody took the job meanwhile, hand it back now
-                # rather than leave it to the reclaim scan.
-                self.release(job)
+                # rather than leave it to the reclaim scan.  A lease lost to
+                # an outage is not the job's fault: if the database is still
+                # out of reach, the release is tried again once it is back,
+                # before the reclaim scan of a worker can count it against
+                # max_reclaims.
+                self.release(job, retry_later=exc.reason == "renewal_failed")
             return LOST
         except PayloadRejected as exc:
             return self._fail(job, f"payload rejected: {exc}", final=True, exc=exc)
@@ -343,9 +358,9 @@ class Worker:
                   "final": final, "backoff": backoff}
         try:
             row = self._report_failure(job, params)
-        except DatabaseUnavailable as exc:
+        except DatabaseError as exc:
             log.warning("job %s attempt %s: could not report its error (%s)", job.id, job.attempt, exc)
-            self._drop_connection()
+            self._forget_connection(exc)
             return LOST
         except Exception as exc:  # noqa: BLE001 - a handler's error must never kill its worker
             # Not reported: the job stays running and is reclaimed when its
@@ -378,17 +393,18 @@ class Worker:
         itself (a character the database encoding lacks, say), report the
         failure again with a plain text instead, so the attempt is still
         counted and the job retried or failed."""
+        def report(values: dict) -> tuple | None:
+            return db.retrying(lambda: self.conn.execute(q("fail_or_retry"), values).fetchone(), self.dsn,
+                               what="error report")
+
         try:
-            with db.translated(self.dsn):
-                return self.conn.execute(q("fail_or_retry"), params).fetchone()
-        except DatabaseUnavailable:
+            return report(params)
+        except (DatabaseUnavailable, TransactionConflict):
             raise
         except (PgfenceError, psycopg.DataError) as exc:
             log.warning("job %s attempt %s: its error text was refused (%s); reporting it without the text",
                         job.id, job.attempt, errortext.first_line(str(exc)))
-            plain = {**params, "error": "the handler's error message could not be stored", "traceback": None}
-            with db.translated(self.dsn):
-                return self.conn.execute(q("fail_or_retry"), plain).fetchone()
+            return report({**params, "error": "the handler's error message could not be stored", "traceback": None})
 
     def _put_back_unknown(self, job: Job) -> str:
         """Hand back (fenced) a job whose kind this worker does not know,
@@ -401,12 +417,12 @@ class Worker:
         params = {"id": job.id, "attempt": job.attempt, "delay": self.settings.unknown_kind_delay,
                   "give_up": self.settings.unknown_kind_timeout, "error": error[:2000]}
         try:
-            with db.translated(self.dsn):
-                row = self.conn.execute(q("put_back_unknown"), params).fetchone()
-        except DatabaseUnavailable as exc:
+            row = db.retrying(lambda: self.conn.execute(q("put_back_unknown"), params).fetchone(), self.dsn,
+                              what="put-back")
+        except DatabaseError as exc:
             # Not known to be handed back: reclaimed once its lease runs out.
             log.warning("job %s attempt %s: could not put it back (%s)", job.id, job.attempt, exc)
-            self._drop_connection()
+            self._forget_connection(exc)
             return LOST
         if row is None:
             metrics.DOUBLE_RUN_PREVENTED.labels(job.queue, job.kind).inc()
@@ -426,15 +442,22 @@ class Worker:
                         self.settings.unknown_kind_delay, self.settings.unknown_kind_timeout)
         return PUT_BACK
 
-    def release(self, job: Job, *, reclaim: bool = False, reason: str | None = None) -> bool:
-        """Hand a claimed job back to the queue (fenced); True if it was still ours."""
+    def release(self, job: Job, *, reclaim: bool = False, reason: str | None = None,
+                retry_later: bool = False) -> bool:
+        """Hand a claimed job back to the queue (fenced); True if it was still
+        ours.  With ``retry_later``, a release the database did not answer
+        is tried again at the start of the next claim round."""
         if self.heartbeat is not None:
             self.heartbeat.untrack(job.lease)
+        params = {"id": job.id, "attempt": job.attempt, "reclaim": reclaim, "reason": reason}
         try:
-            with db.translated(self.dsn):
-                row = self.conn.execute(q("release"), {"id": job.id, "attempt": job.attempt,
-                                                       "reclaim": reclaim, "reason": reason}).fetchone()
-        except DatabaseUnavailable:
+            row = db.retrying(lambda: self.conn.execute(q("release"), params).fetchone(), self.dsn, what="release")
+        except DatabaseError as exc:
+            log.warning("job %s attempt %s: could not release it (%s)%s", job.id, job.attempt, exc,
+                        "; trying again once the database answers" if retry_later else "")
+            self._forget_connection(exc)
+            if retry_later:
+                self._unreleased.append(job)
             return False
         if row is not None:
             metrics.JOBS_RELEASED.labels(job.queue, job.kind).inc()
@@ -444,6 +467,12 @@ class Worker:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def _forget_connection(self, exc: PgfenceError) -> None:
+        """After a failed statement: a broken connection is dropped (the
+        next use reconnects); one that only had a statement refused is kept."""
+        if isinstance(exc, DatabaseUnavailable) or (self._conn is not None and self._conn.closed):
+            self._drop_connection()
 
     # -- the loop ---------------------------------------------------------------
 
@@ -464,7 +493,17 @@ class Worker:
         held (and renewed) until then, so the wait costs latency, never
         safety; batches are for quick jobs.
         """
+        pending, self._unreleased = self._unreleased, []
+        for job in pending:
+            if self.release(job, retry_later=True):
+                log.info("job %s attempt %s released after the outage that lost its lease", job.id, job.attempt)
         jobs = self.claim()
+        if jobs:
+            # Work found: the next step is another claim, whose snapshot sees
+            # every enqueue notified so far, so those notifications can go.
+            # Unread, psycopg would keep them all (one per enqueue in any
+            # queue) as long as the worker stays busy.
+            self._drain_notifies()
         deferred: list[Job] = []
         oldest = 0.0
         self._durations = {}
@@ -499,9 +538,11 @@ class Worker:
             while not self.stopping:
                 try:
                     claimed = self.run_once()
-                except DatabaseUnavailable as exc:
-                    log.warning("database unavailable: %s", exc)
-                    self._drop_connection()
+                except DatabaseError as exc:
+                    # Unreachable, or a claim refused (a statement timeout, a
+                    # conflict): wait, then claim again.
+                    log.warning("%s", exc)
+                    self._forget_connection(exc)
                     self._stop.wait(self.settings.poll_interval)
                     continue
                 self._maybe_prune()
@@ -531,9 +572,9 @@ class Worker:
                 until = row[0] if row else None
                 row = self.conn.execute(q("next_lease_end"), params).fetchone()
                 lease_end = row[0] if row else None
-        except DatabaseUnavailable as exc:
+        except DatabaseError as exc:
             log.warning("worker %s cannot look up the next run_at: %s", self.name, exc)
-            self._drop_connection()
+            self._forget_connection(exc)
             return self.settings.poll_interval
         wait = self.settings.poll_interval
         if until is not None:
@@ -545,6 +586,23 @@ class Worker:
                   "none" if until is None else f"{until:.3f}s",
                   "none" if lease_end is None else f"{lease_end:.3f}s", wait)
         return wait
+
+    def _drain_notifies(self) -> int:
+        """Read and drop the notifications received so far (psycopg's
+        backlog and any waiting on the socket); returns how many.
+
+        No wake-up is lost: only a claim that found nothing is followed by a
+        wait, and a notification read here came from an enqueue committed
+        before the next claim starts, so that claim sees the job.  One that
+        arrives during that claim stays in the backlog and ends the wait at
+        once."""
+        if not self._listening or self._conn is None or self._conn.closed:
+            return 0
+        try:
+            return sum(1 for _ in self._conn.notifies(timeout=0))
+        except (psycopg.Error, OSError):
+            self._drop_connection()
+            return 0
 
     def _wait_for_work(self) -> None:
         """Sleep until the next run_at comes, a NOTIFY from an enqueue, the
@@ -564,9 +622,13 @@ class Worker:
                 if left <= 0:
                     return
                 # Short slices keep a stop request prompt.
-                for note in conn.notifies(timeout=min(left, 0.25)):
-                    if note.payload in self.settings.queues or not note.payload:
-                        return
+                woken = any(note.payload in self.settings.queues or not note.payload
+                            for note in conn.notifies(timeout=min(left, 0.25)))
+                if woken:
+                    # The claim that follows sees every enqueue notified so
+                    # far: the rest would each cost a claim for nothing.
+                    self._drain_notifies()
+                    return
         except (psycopg.Error, OSError):
             self._drop_connection()
             self._stop.wait(min(1.0, self.settings.poll_interval))

@@ -612,7 +612,7 @@ def test_renewal_looks_leases_up_by_primary_key_even_with_stale_statistics(conn)
     def plan(settings: bool) -> list[str]:
         with conn.transaction(force_rollback=True):
             if settings:
-                conn.execute(q("renewal_settings"), {"ms": "5000"})
+                conn.execute(q("renewal_settings"), {"ms": "5000", "idle_ms": "60000"})
             text = [r[0] for r in conn.execute("EXPLAIN (ANALYZE, COSTS OFF) " + q("renew"), params)]
         return [line.strip() for line in text]
 
@@ -626,7 +626,7 @@ def test_renewal_looks_leases_up_by_primary_key_even_with_stale_statistics(conn)
                    for line in lines), lines
     # And the renewal itself renews all 500.
     with conn.transaction():
-        conn.execute(q("renewal_settings"), {"ms": "5000"})
+        conn.execute(q("renewal_settings"), {"ms": "5000", "idle_ms": "60000"})
         assert len(conn.execute(q("renew"), params).fetchall()) == 500
 
 
@@ -669,7 +669,7 @@ def test_renewals_are_hot_updates(conn):
         """One round; this backend's own update counts for it (pg_stat_xact
         sees only this transaction, whatever other sessions do)."""
         with conn.transaction():
-            conn.execute(q("renewal_settings"), {"ms": "5000"})
+            conn.execute(q("renewal_settings"), {"ms": "5000", "idle_ms": "60000"})
             before = conn.execute(counts).fetchone()
             assert len(conn.execute(q("renew"), params).fetchall()) == 3
             after = conn.execute(counts).fetchone()

@@ -23,11 +23,13 @@ SELECT id, queue, kind, attempt, locked_by,
 -- and so is every candidate but the oldest of those sharing one key: putting
 -- it back would break jobs_dedupe_idx and abort the whole statement.  One
 -- row per candidate: requeued or not, and the id of the job that holds its
--- key (the live job, else the candidate requeued in its place).
+-- key (the live job, else the candidate requeued in its place).  Rows are
+-- locked in id order, like every statement that locks many jobs.
 WITH cand AS (
     SELECT id, kind, dedupe_key FROM pgfence.jobs
      WHERE (id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled'))
         OR (%(all_failed)s::boolean AND status = 'failed')
+     ORDER BY id      -- locked in id order, as every multi-row owner statement
        FOR UPDATE
 ), verdict AS (
     SELECT c.id,
@@ -56,7 +58,11 @@ SELECT v.id, r.id IS NOT NULL AS requeued, CASE WHEN r.id IS NULL THEN coalesce(
 UPDATE pgfence.jobs
    SET status = 'cancelled', finished_at = now(), locked_by = NULL, lease_until = NULL,
        last_error = coalesce(last_error, 'cancelled by an operator')
- WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('queued', 'running')
+ WHERE id IN (SELECT id FROM pgfence.jobs
+               WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('queued', 'running')
+               ORDER BY id
+                 FOR UPDATE)
+   AND status IN ('queued', 'running')
 RETURNING id;
 
 -- name: prune_batch

@@ -93,11 +93,20 @@ SELECT pgfence.complete_fenced(%(id)s, %(attempt)s);
 
 -- name: complete_many
 -- Fenced completion of many jobs in one statement (handlers that wrote
--- nothing of their own); returns the ids that were still owned.
+-- nothing of their own); returns the ids that were still owned.  The rows
+-- are locked in id order first, like every statement that locks many jobs
+-- (see renew in heartbeat.sql): no deadlock with the heartbeat's renewal.
+WITH owned AS (
+    SELECT j.id
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS f(id, attempt)
+      JOIN pgfence.jobs j ON j.id = f.id AND j.attempt = f.attempt AND j.status = 'running'
+     ORDER BY j.id
+       FOR UPDATE OF j
+)
 UPDATE pgfence.jobs j
    SET status = 'done', finished_at = now(), locked_by = NULL, lease_until = NULL
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS f(id, attempt)
- WHERE j.id = f.id AND j.attempt = f.attempt AND j.status = 'running'
+  FROM owned o
+ WHERE j.id = o.id AND j.status = 'running'
 RETURNING j.id;
 
 -- name: fail_or_retry
