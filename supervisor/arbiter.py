@@ -383,14 +383,17 @@ class Arbiter:
                 self._respawn_at = time.monotonic() + min(10.0, 0.1 * 2 ** self._boot_failures)
             else:
                 self._boot_failures = 0
-                self._crashed_after_boot(c, code)
+                self._crashed_after_boot(c, code, holding=bool(held))
 
-    def _crashed_after_boot(self, c: Child, code: int) -> None:
-        """Delay the next start when children keep crashing soon after they
-        were up, exponentially and capped; a child that lived a healthy
-        while (or left cleanly) resets the streak."""
+    def _crashed_after_boot(self, c: Child, code: int, *, holding: bool) -> None:
+        """Delay the next start when children keep crashing in the middle of
+        a job soon after they were up (a job whose handler kills its worker
+        would otherwise crash one child after another at once),
+        exponentially and capped.  A child that lived a healthy while, left
+        cleanly, or died idle (killed from outside between jobs: it did its
+        work) resets the streak."""
         lived = time.monotonic() - c.started
-        if code == 0 or c.killed_for_lost:
+        if code == 0 or c.killed_for_lost or not holding:
             self._crash_streak = 0
             return
         self._crash_streak = self._crash_streak + 1 if lived < CRASH_STREAK_WINDOW else 1

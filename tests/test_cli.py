@@ -81,7 +81,7 @@ BAD_INPUT = [
          "invalid --payload: not JSON (Expecting"),
     Case("nan_payload", ["enqueue", "noop", "--payload", '{"a": NaN}'], 2,
          "invalid --payload: not JSON (NaN is not a JSON value)"),
-    Case("nul_in_payload", ["enqueue", "noop", "--payload", '"\\u0000"'], 1, "database error:"),
+    Case("nul_in_payload", ["enqueue", "noop", "--payload", '"\\u0000"'], 2, "NUL character"),
     Case("unknown_kind", ["enqueue", "no_such_kind"], 2, "unknown job kind 'no_such_kind' (known: "),
     Case("unknown_handler_module", ["enqueue", "noop", "--handlers", "no.such.module"], 2,
          "cannot import handler module 'no.such.module'"),

@@ -16,7 +16,9 @@ STORED = "ValueError: bad \\x00 byte and caf\\udce9"
 def test_an_error_with_nul_and_a_lone_surrogate_is_stored_escaped_and_the_worker_goes_on(dsn, conn):
     poison = enqueue(conn, "poison_error", max_attempts=2)
     after = enqueue(conn, "noop")
-    result = pgfence("work", "--burst", "--handlers", "handlers.builtin,poison_handlers",
+    # Three outcomes: the poison job's two failed attempts and the noop job
+    # (--burst could leave before the retry's backoff is over).
+    result = pgfence("work", "--max-jobs", "3", "--handlers", "handlers.builtin,poison_handlers",
                      "--poll-interval", "0.1", dsn=dsn,
                      env=env_for(dsn, PGFENCE_BACKOFF_BASE="0.01", PGFENCE_BACKOFF_MAX="0.01"))
     assert result.returncode == 0, result.stderr

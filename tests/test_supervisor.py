@@ -204,12 +204,13 @@ def sessions(conn, app_like: str = "pgfence%") -> list[tuple]:
 
 
 def listening_workers(conn) -> int:
-    """Worker sessions idle after their LISTEN, a claim or the look-up of the
-    next run_at, waiting for a NOTIFY (a worker LISTENs as soon as it
-    connects, before its first claim)."""
+    """Worker sessions idle after their LISTEN, a claim or the look-ups of
+    the next run_at and the next lease end, waiting for a NOTIFY (a worker
+    LISTENs as soon as it connects, before its first claim)."""
     return sum(1 for _pid, _app, state, query, _port in sessions(conn, "pgfence worker %")
                if state == "idle" and (query == "LISTEN pgfence_jobs"
-                                       or query.lstrip().startswith(("WITH candidates", "WITH RECURSIVE priorities"))))
+                                       or query.lstrip().startswith(("WITH candidates", "WITH RECURSIVE priorities",
+                                                                     "SELECT extract(epoch FROM min(r.lease_until)"))))
 
 
 def counts(conn) -> list[tuple]:

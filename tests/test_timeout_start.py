@@ -80,7 +80,7 @@ def test_the_slot_publishes_the_claims_send_time_and_the_handlers_start(dsn, con
     leases = SlotLeases(slot_table, 0, tick_interval=0.05)
     worker = Worker(dsn, Settings(queues=("ts",), batch=3, lease=30, timeout=5, retention=None),
                     name="t-slot", heartbeat=leases)
-    process = HeartbeatProcess(dsn, Settings(lease=30), slot_table, liveness=5.0)
+    process = HeartbeatProcess(dsn, Settings(lease=30), slot_table, liveness=5.0, instance="5e1f5e1f")
     try:
         jobs = worker.claim()
         assert len(jobs) == 3
