@@ -315,8 +315,11 @@ class Worker:
                 # an outage is not the job's fault: if the database is still
                 # out of reach, the release is tried again once it is back,
                 # before the reclaim scan of a worker can count it against
-                # max_reclaims.
-                self.release(job, retry_later=exc.reason == "renewal_failed")
+                # max_reclaims.  The reason may be "expired" in an outage
+                # too (the deadline passed while the renewal that was to fail
+                # was still waiting for a connection): a release the
+                # database does not answer is retried either way.
+                self.release(job, retry_later=True)
             return LOST
         except PayloadRejected as exc:
             return self._fail(job, f"payload rejected: {exc}", final=True, exc=exc)
@@ -497,6 +500,12 @@ class Worker:
         for job in pending:
             if self.release(job, retry_later=True):
                 log.info("job %s attempt %s released after the outage that lost its lease", job.id, job.attempt)
+        if self._unreleased:
+            # Not released yet: no claim before, or this worker's own reclaim
+            # scan could take the job back as a reclaim the moment the
+            # database answers again, and count it against max_reclaims.
+            raise DatabaseUnavailable(f"{len(self._unreleased)} job(s) whose lease an outage lost are still to be "
+                                      "released; claiming after that")
         jobs = self.claim()
         if jobs:
             # Work found: the next step is another claim, whose snapshot sees

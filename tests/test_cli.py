@@ -7,6 +7,7 @@ never a traceback, and nothing is written.
 from __future__ import annotations
 
 import json
+import urllib.parse
 import os
 import time
 from dataclasses import dataclass, field
@@ -485,6 +486,9 @@ def test_enqueue_payload_usage_errors_are_one_line_and_write_nothing(dsn, conn, 
 def uri_with_password(dsn: str) -> str:
     params = psycopg.conninfo.conninfo_to_dict(dsn)
     # The test server trusts every connection: the password is never asked for.
+    if params["host"].startswith("/"):   # the embedded server: a Unix socket folder, no port
+        return (f"postgresql://{params['user']}:{PASSWORD}@/{params['dbname']}"
+                f"?host={urllib.parse.quote(params['host'], safe='')}")
     return f"postgresql://{params['user']}:{PASSWORD}@{params['host']}:{params['port']}/{params['dbname']}"
 
 
