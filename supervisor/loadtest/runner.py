@@ -249,7 +249,7 @@ class LoadTest:
             jobs=store.jobs(conn, self.queue), enqueued=self.enqueued,
             effects=store.rows_by_job(conn, self.queue, "effects"),
             receipts=store.rows_by_job(conn, self.queue, "receipts"),
-            deliveries=dict(self.sink.deliveries),
+            deliveries=dict(self.sink.deliveries), unprotected=self.plan.unprotected,
             metrics=metric_totals([s for s in scrapes if s]) if ok else None,
             supervisors=[{"index": s.index, "exit_status": s.exit_status, "exited_early": s.exited_early,
                           "scraped": scrape is not None, "log_tail": s.tail() if s.exit_status else ""}
