@@ -18,12 +18,11 @@ import sys
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg  # noqa: E402
 from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
 
-from supervisor import migrate  # noqa: E402
+from pgfence.store import migrate  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -3,7 +3,6 @@ test, processes, and the one way every throughput run is measured (drain)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import signal
@@ -37,17 +36,19 @@ def log(msg: str) -> None:
 class Pgfence:
     """A pgfence checkout run with the project's interpreter: this repository
     by default, or another checkout (``--pgfence-root``) to measure a change
-    before it lands.  The command is ``python -m supervisor`` with the
-    checkout first on PYTHONPATH, so its SQL, handlers and engine are used."""
+    before it lands.  The command is ``python -m pgfence`` run by the
+    interpreter given (``--project-python``), in whose environment that
+    checkout is installed (``pip install -e CHECKOUT``): its SQL, handlers
+    and engine are then the ones used."""
 
     def __init__(self, root: Path, python: Path):
         self.root = root.resolve()
         self.python = python
-        self.env = {**os.environ, "PYTHONPATH": str(self.root), "PGFENCE_BENCH_ROOT": str(self.root)}
+        self.env = {**os.environ, "PGFENCE_BENCH_ROOT": str(self.root)}
         self._queries: dict[str, str] | None = None
 
     def cmd(self, *argv: str) -> list[str]:
-        return [str(self.python), "-m", "supervisor", *argv]
+        return [str(self.python), "-m", "pgfence", *argv]
 
     def popen(self, argv: list[str], logfile) -> subprocess.Popen:
         return subprocess.Popen(self.cmd(*argv), stdout=logfile, stderr=logfile, start_new_session=True,
@@ -64,12 +65,10 @@ class Pgfence:
     def queries(self) -> dict[str, str]:
         """The checkout's named SQL, split by its own loader."""
         if self._queries is None:
-            spec = importlib.util.spec_from_file_location("pgfence_queries", self.root / "supervisor" / "queries.py")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            from pgfence.store.queries import parse
             self._queries = {}
             for path in sorted((self.root / "sql" / "queries").glob("*.sql")):
-                self._queries.update(module.parse(path.read_text()))
+                self._queries.update(parse(path.read_text()))
         return self._queries
 
     def describe(self) -> str:

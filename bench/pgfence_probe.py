@@ -18,15 +18,14 @@ import sys
 import time
 from pathlib import Path
 
-# The checkout under test (bench/run.py --pgfence-root), else this repository.
-sys.path.insert(0, os.environ.get("PGFENCE_BENCH_ROOT") or str(Path(__file__).resolve().parent.parent))
-
+# The pgfence under test is the one installed in this interpreter
+# (bench/run.py --project-python).
 import psycopg
 from psycopg.rows import dict_row
 
-from supervisor.heartbeat import HeartbeatManager
-from supervisor.lease import Lease
-from supervisor.queries import q
+from pgfence.renewal.renewer import HeartbeatManager
+from pgfence.worker.lease import Lease
+from pgfence.store.queries import q
 
 LEASE = 600.0   # long enough that nothing expires while we measure
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from supervisor import Job, PayloadRejected, handler
-from supervisor.queries import q
+from pgfence import Job, PayloadRejected, handler
+from pgfence.store.queries import q
 
 
 def _seconds(job: Job, default: float = 0.0) -> float:

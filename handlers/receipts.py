@@ -17,10 +17,10 @@ import os
 import urllib.error
 import urllib.request
 
-from supervisor import Job, PayloadRejected, handler
-from supervisor.queries import q
+from pgfence import Job, PayloadRejected, handler
+from pgfence.store.queries import q
 
-from .builtin import work_for
+from pgfence.handlers.builtin import work_for
 
 DEFAULT_URL = "http://127.0.0.1:8025/send"
 

@@ -2,7 +2,7 @@
 
 The handler API::
 
-    from supervisor import handler, Job, LeaseLost
+    from pgfence import handler, Job, LeaseLost
 
 The names are loaded on first use (PEP 562), so that ``pgfence run`` can set
 up Prometheus's multiprocess directory before any module imports

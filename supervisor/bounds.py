@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .errors import ConfigError
+from pgfence.errors import ConfigError
 
 MINUTE = 60.0
 HOUR = 3600.0

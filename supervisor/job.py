@@ -23,10 +23,12 @@ from typing import Any
 
 import psycopg
 
-from . import db, metrics, sqltext
-from .errors import LeaseLost, NotCommitted, TransactionConflict
-from .lease import Lease
-from .queries import q
+from pgfence.store import db
+from pgfence.observe import metrics
+from pgfence.store import sqltext
+from pgfence.errors import LeaseLost, NotCommitted, TransactionConflict
+from pgfence.worker.lease import Lease
+from pgfence.store.queries import q
 
 
 def idempotency_key(job_id: int) -> str:

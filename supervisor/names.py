@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import ConfigError
+from pgfence.errors import ConfigError
 
 #: The pattern every queue and kind name matches (also in 0008_names.sql).
 PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"

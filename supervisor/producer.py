@@ -19,9 +19,11 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from . import db, names, registry
-from .errors import ConfigError
-from .queries import q
+from pgfence.store import db
+from pgfence import names
+from pgfence import registry
+from pgfence.errors import ConfigError
+from pgfence.store.queries import q
 
 _INT4_MIN, _INT4_MAX = -(2**31), 2**31 - 1
 

@@ -20,11 +20,12 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from . import bounds, names
-from .errors import ConfigError, HandlerImportError, UnknownHandler
+from pgfence import bounds
+from pgfence import names
+from pgfence.errors import ConfigError, HandlerImportError, UnknownHandler
 
 #: The modules loaded when no ``--handlers`` is given.
-DEFAULT_MODULES = ("handlers.builtin", "handlers.receipts")
+DEFAULT_MODULES = ("pgfence.handlers.builtin", "pgfence.handlers.receipts")
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import bounds, names
-from .errors import ConfigError
-from .registry import DEFAULT_MODULES
+from pgfence import bounds
+from pgfence import names
+from pgfence.errors import ConfigError
+from pgfence.registry import DEFAULT_MODULES
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

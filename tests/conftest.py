@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from pgtools import admin_connect, with_dbname  # noqa: E402
-from supervisor import registry as _registry  # noqa: E402
+from pgfence import registry as _registry  # noqa: E402
 
 # The bundled handlers are registered once for the whole session, so that the
 # per-test registry reset below keeps them (a module is imported only once).
@@ -41,7 +41,7 @@ def embedded_admin_dsn():
     import shutil
     import tempfile
 
-    from supervisor import embedded
+    from pgfence.store import embedded
 
     # Not under pytest's basetemp: concurrent pytest runs prune each other's
     # old basetemps, and a live server's data must not go with them.
@@ -67,7 +67,7 @@ def backend(request):
     with admin_connect(admin_dsn) as conn:
         conn.execute(f'CREATE DATABASE "{template}"')
     try:
-        from supervisor import migrate
+        from pgfence.store import migrate
 
         with psycopg.connect(with_dbname(admin_dsn, template), autocommit=True) as conn:
             migrate.apply(conn)
@@ -115,7 +115,7 @@ def conn(dsn):
 @pytest.fixture(autouse=True)
 def _clean_registry():
     """Handlers registered by one test do not leak into the next."""
-    from supervisor import registry
+    from pgfence import registry
 
     before = dict(registry._REGISTRY)
     yield
@@ -126,8 +126,8 @@ def _clean_registry():
 @pytest.fixture
 def make_worker(dsn):
     """Make in-process Workers on the test's database; closed afterwards."""
-    from supervisor.settings import Settings
-    from supervisor.worker import Worker
+    from pgfence.settings import Settings
+    from pgfence.worker.loop import Worker
 
     made: list[Worker] = []
 

@@ -7,8 +7,8 @@ Loaded by worker processes with ``--handlers handlers.builtin,fault_handlers``
 import os
 import time
 
-from supervisor import handler
-from supervisor.queries import q
+from pgfence import handler
+from pgfence.store.queries import q
 
 
 @handler("stubborn")

@@ -13,7 +13,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgtools import env_for, scalar, spawn, wait_for
-from supervisor import enqueue
+from pgfence import enqueue
 
 
 def free_port() -> int:
@@ -47,7 +47,7 @@ def total(parsed: dict, name: str, **labels: str) -> float:
                if n == name and all(dict(ls).get(k) == want for k, want in labels.items()))
 
 
-HANDLERS = "handlers.builtin,fault_handlers"
+HANDLERS = "pgfence.handlers.builtin,fault_handlers"
 
 
 def children(pid: int) -> list[int]:

@@ -55,17 +55,17 @@ def env_for(dsn: str | None = None, **extra: str) -> dict[str, str]:
 
 def pgfence(*args: str, dsn: str | None = None, env: dict[str, str] | None = None,
             timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m supervisor ARGS`` to completion."""
-    return subprocess.run([sys.executable, "-m", "supervisor", *args], cwd=ROOT,
+    """Run ``python -m pgfence ARGS`` to completion."""
+    return subprocess.run([sys.executable, "-m", "pgfence", *args], cwd=ROOT,
                           env=env or env_for(dsn), capture_output=True, text=True, timeout=timeout, input=input)
 
 
 def spawn(*args: str, dsn: str | None = None, env: dict[str, str] | None = None,
           **popen: Any) -> subprocess.Popen:
-    """Start ``python -m supervisor ARGS`` in the background."""
+    """Start ``python -m pgfence ARGS`` in the background."""
     popen.setdefault("stdout", subprocess.PIPE)
     popen.setdefault("stderr", subprocess.PIPE)
-    return subprocess.Popen([sys.executable, "-m", "supervisor", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "pgfence", *args], cwd=ROOT,
                             env=env or env_for(dsn), text=True, **popen)
 
 

@@ -5,7 +5,7 @@ PYTHONPATH); never registered in the test process."""
 
 import os
 
-from supervisor import handler
+from pgfence import handler
 
 
 @handler("poison_error")

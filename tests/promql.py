@@ -27,10 +27,10 @@ _SUFFIXES = {
 
 def metric_objects() -> dict[str, MetricWrapperBase]:
     """pgfence's metric objects by name (``_name``: a counter's has no ``_total``)."""
-    from supervisor import metrics
+    from pgfence.observe import metrics
 
     found = {v._name: v for v in vars(metrics).values() if isinstance(v, MetricWrapperBase)}
-    assert found, "supervisor.metrics defines no prometheus_client metric"
+    assert found, "pgfence.observe.metrics defines no prometheus_client metric"
     return found
 
 

@@ -5,7 +5,7 @@ Loaded by worker processes with ``--handlers handlers.builtin,rollout_handlers``
 (tests/ is on their PYTHONPATH); never registered in the test process.
 """
 
-from supervisor import handler
+from pgfence import handler
 
 
 @handler("new_kind")

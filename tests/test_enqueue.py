@@ -9,10 +9,10 @@ import threading
 import psycopg
 import pytest
 
-import handlers.builtin  # noqa: F401 - registers noop & co. before the registry snapshot
+import pgfence.handlers.builtin  # noqa: F401 - registers noop & co. before the registry snapshot
 from pgtools import job_row, pgfence, scalar, wait_for
-from supervisor import ConfigError, enqueue, handler
-from supervisor.job import idempotency_key
+from pgfence import ConfigError, enqueue, handler
+from pgfence.job import idempotency_key
 
 UTC = dt.timezone.utc
 

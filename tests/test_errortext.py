@@ -3,7 +3,7 @@ no database)."""
 
 from __future__ import annotations
 
-from supervisor import errortext
+from pgfence import errortext
 
 
 def test_one_line_escapes_control_characters_ansi_newlines_and_bidi_overrides():

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import re
 
-import handlers.builtin  # noqa: F401 - registers noop, sleep, fail before the registry snapshot
+import pgfence.handlers.builtin  # noqa: F401 - registers noop, sleep, fail before the registry snapshot
 from pgtools import env_for, job_row, pgfence, scalar
-from supervisor import enqueue, errortext, handler
-from supervisor.worker import FAILED, RETRIED
+from pgfence import enqueue, errortext, handler
+from pgfence.worker.loop import FAILED, RETRIED
 
 LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING pgfence\.worker: (.*)$")
 
@@ -167,7 +167,7 @@ def test_failed_jobs_listing_reads_the_failed_index(conn):
                     SELECT 'noop', 'done', now() - make_interval(secs => g) FROM generate_series(1, 20000) g""")
     failed_rows(conn)
     conn.execute("ANALYZE pgfence.jobs")
-    from supervisor.queries import q
+    from pgfence.store.queries import q
 
     plan = conn.execute("EXPLAIN (FORMAT JSON) " + q("failed_jobs"),
                         {"limit": 20, "queue": None, "kind": None}).fetchone()[0][0]["Plan"]

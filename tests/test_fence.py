@@ -27,11 +27,11 @@ import pytest
 from prometheus_client import REGISTRY
 
 from pgtools import env_for, job_row, scalar, spawn, wait_for
-from supervisor import Job, LeaseLost, PgfenceError, enqueue, handler
-from supervisor.lease import Lease
-from supervisor.queries import q
-from supervisor.settings import Settings
-from supervisor.worker import LOST, Worker
+from pgfence import Job, LeaseLost, PgfenceError, enqueue, handler
+from pgfence.worker.lease import Lease
+from pgfence.store.queries import q
+from pgfence.settings import Settings
+from pgfence.worker.loop import LOST, Worker
 
 #: Lease of the worker processes, and the length of a "long" job: the job
 #: outlives the lease by far, as in the seed's double run (3 s and 10 s).
@@ -40,7 +40,7 @@ LONG_JOB = 4.0
 #: The module the worker processes import to register fence_probe.
 PROBE_MODULE = "pgfence_test_probe"
 PROBE_SOURCE = """\
-from supervisor import handler
+from pgfence import handler
 from test_fence import fence_probe
 
 handler("fence_probe")(fence_probe)
@@ -79,7 +79,7 @@ class Workers:
         if probe:
             (self.tmp_path / f"{PROBE_MODULE}.py").write_text(PROBE_SOURCE)
             environ["PYTHONPATH"] = os.pathsep.join([str(self.tmp_path), environ["PYTHONPATH"]])
-            args += ("--handlers", f"handlers.builtin,{PROBE_MODULE}")
+            args += ("--handlers", f"pgfence.handlers.builtin,{PROBE_MODULE}")
         log = open(self.tmp_path / f"{name}.log", "w")
         try:
             proc = spawn("work", "--name", name, "--lease", str(LEASE), "--poll-interval", "0.1", *args,

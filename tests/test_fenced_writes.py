@@ -15,8 +15,9 @@ import psycopg
 import pytest
 
 from pgtools import job_row, scalar
-from supervisor import enqueue, handler, sqltext
-from supervisor.errors import NotCommitted, PgfenceError, UnsafeStatement
+from pgfence import enqueue, handler
+from pgfence.store import sqltext
+from pgfence.errors import NotCommitted, PgfenceError, UnsafeStatement
 from test_fence import claimed_job, effects, owner, protocol_trace, status
 
 IDLE = psycopg.pq.TransactionStatus.IDLE

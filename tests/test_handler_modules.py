@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from pgtools import ROOT, env_for, job_row, pgfence, scalar, spawn, wait_for
-from supervisor import ConfigError, enqueue, handler, registry
-from supervisor.worker import FAILED
+from pgfence import ConfigError, enqueue, handler, registry
+from pgfence.worker.loop import FAILED
 
 ASYNC_REFUSED = ("pgfence: error: handler 't_async' (amod.coro) is asynchronous; pgfence runs handlers "
                  "synchronously and would never await it: define it with def, not async def\n")
@@ -107,7 +107,7 @@ def test_registering_an_async_handler_is_refused_with_one_line():
 
 def test_an_async_handler_module_stops_run_and_work_with_one_line(dsn, conn, tmp_path):
     (tmp_path / "amod.py").write_text(textwrap.dedent("""
-        from supervisor import handler
+        from pgfence import handler
 
         @handler("t_async")
         async def coro(job):
@@ -161,7 +161,7 @@ def test_unserved_lists_handlers_whose_queue_is_not_served():
 
 
 QUEUES_MODULE = """
-from supervisor import handler
+from pgfence import handler
 
 @handler("t_mail", queue="mail")
 def mail(job):
@@ -220,7 +220,7 @@ def pgfence_in(folder: Path, *args: str, env: dict[str, str]) -> subprocess.Comp
     """Run pgfence with ``folder`` as its current directory, as the installed
     console script runs: ``-P`` keeps ``python -m`` from putting the current
     directory on sys.path itself, which the console script never does."""
-    return subprocess.run([sys.executable, "-P", "-m", "supervisor", *args], cwd=folder, env=env,
+    return subprocess.run([sys.executable, "-P", "-m", "pgfence", *args], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -228,7 +228,7 @@ def test_handler_modules_are_imported_from_the_current_directory(dsn, conn, tmp_
     (tmp_path / "myjobs.py").write_text(textwrap.dedent("""
         from pathlib import Path
 
-        from supervisor import handler
+        from pgfence import handler
 
         @handler("t_cwd")
         def cwd_job(job):

@@ -19,11 +19,11 @@ from prometheus_client import REGISTRY
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgtools import job_row, scalar, wait_for, with_dbname
-from supervisor import LeaseLost, enqueue
-from supervisor.heartbeat import HeartbeatManager
-from supervisor.job import Job
-from supervisor.lease import Lease
-from supervisor.queries import q
+from pgfence import LeaseLost, enqueue
+from pgfence.renewal.renewer import HeartbeatManager
+from pgfence.job import Job
+from pgfence.worker.lease import Lease
+from pgfence.store.queries import q
 
 HEARTBEAT_APP = "pgfence heartbeat"
 
@@ -232,7 +232,7 @@ def test_a_job_its_attempt_completed_during_the_round_loses_no_lease(dsn, conn, 
     """A worker completes its job between the round reading the leases and
     the renewal statement (the round still holds the lease): the renewal
     matches no row, and the lease simply ended; nothing is counted lost."""
-    from supervisor.metrics import LOST_REASONS
+    from pgfence.observe.metrics import LOST_REASONS
 
     queue = "hb-completed"
     job_id, lease = claim_one(conn, "owner", queue=queue)
@@ -680,7 +680,7 @@ def test_renewals_are_hot_updates(conn):
 
 
 def test_number_arrays_go_as_one_literal_the_sql_casts(conn):
-    from supervisor.db import array_literal
+    from pgfence.store.db import array_literal
 
     assert array_literal([1, 42, 9_000_000_000]) == "{1,42,9000000000}"
     assert array_literal(float(x) for x in (30, 0.25)) == "{30.0,0.25}"
@@ -695,7 +695,7 @@ def test_number_arrays_go_as_one_literal_the_sql_casts(conn):
 
 
 def test_renew_period_follows_each_lease_and_the_configured_heartbeat():
-    from supervisor.heartbeat import renew_period
+    from pgfence.renewal.renewer import renew_period
 
     assert renew_period(30.0, None) == 10.0
     assert renew_period(1.5, None) == 0.5
@@ -704,9 +704,9 @@ def test_renew_period_follows_each_lease_and_the_configured_heartbeat():
 
 
 def test_heartbeat_longer_than_half_a_kind_lease_is_refused():
-    from supervisor.errors import ConfigError
-    from supervisor.heartbeat import validate_heartbeat
-    from supervisor.registry import HandlerSpec
+    from pgfence.errors import ConfigError
+    from pgfence.renewal.renewer import validate_heartbeat
+    from pgfence.registry import HandlerSpec
 
     specs = [HandlerSpec("long", print, lease=60.0), HandlerSpec("short", print, lease=6.0),
              HandlerSpec("default", print)]
@@ -749,8 +749,8 @@ def test_in_process_worker_renews_a_kind_lease_shorter_than_the_interval(dsn, co
     """`pgfence work` with the default 30 s lease (10 s interval) and a kind
     with lease=1.5 whose handler works 4.5 s, checking its lease: renewed at
     its own pace, done on attempt 1, no lease lost."""
-    from supervisor import handler
-    from supervisor.metrics import LOST_REASONS
+    from pgfence import handler
+    from pgfence.observe.metrics import LOST_REASONS
 
     kind = "hb_short_lease"
 

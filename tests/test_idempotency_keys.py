@@ -3,8 +3,8 @@ dedupe-key form is unambiguous too (review F13)."""
 
 from __future__ import annotations
 
-from supervisor.job import Job, dedupe_idempotency_key, idempotency_key
-from supervisor.lease import Lease
+from pgfence.job import Job, dedupe_idempotency_key, idempotency_key
+from pgfence.worker.lease import Lease
 
 
 def job(job_id: int, kind: str, dedupe_key: str | None) -> Job:

@@ -11,9 +11,9 @@ import subprocess
 
 import psycopg
 
-import handlers.builtin  # noqa: F401 - registers noop, sleep, fail before the registry snapshot
+import pgfence.handlers.builtin  # noqa: F401 - registers noop, sleep, fail before the registry snapshot
 from pgtools import env_for, job_row, pgfence, scalar, spawn, wait_for
-from supervisor.queries import q
+from pgfence.store.queries import q
 
 #: Far longer than any deadline below: a job that waits for the poll fails.
 POLL = "60"
@@ -24,7 +24,7 @@ IDLE = re.compile(r"DEBUG pgfence\.worker: worker w-idle idle: next run_at in (n
 def idle_worker(conn, dsn: str, **env: str) -> subprocess.Popen:
     """A `pgfence work` with a 60 s poll interval, once it waits idle."""
     proc = spawn("work", "--name", "w-idle", "--poll-interval", POLL, "--log-level", "DEBUG",
-                 "--handlers", "handlers.builtin,rollout_handlers", env=env_for(dsn, **env),
+                 "--handlers", "pgfence.handlers.builtin,rollout_handlers", env=env_for(dsn, **env),
                  stdout=subprocess.DEVNULL)
     wait_idle(conn, "w-idle")
     return proc
@@ -142,7 +142,7 @@ def test_a_dead_workers_job_is_reclaimed_when_its_lease_ends_not_at_the_next_pol
     poll interval is 20 s, wakes when the lease A last renewed runs out and
     reclaims the job within about a second of it."""
     lease = 3.0
-    common = ("--poll-interval", "20", "--lease", str(lease), "--handlers", "handlers.builtin")
+    common = ("--poll-interval", "20", "--lease", str(lease), "--handlers", "pgfence.handlers.builtin")
     a = spawn("work", "--name", "w-a", *common, dsn=dsn, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     b = None
     try:

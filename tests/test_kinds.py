@@ -11,8 +11,9 @@ from pathlib import Path
 import psycopg
 
 from pgtools import env_for, job_row, pgfence, scalar, spawn, wait_for
-from supervisor import enqueue, kinds
-from supervisor.registry import HandlerSpec
+from pgfence import enqueue
+from pgfence.worker import kinds
+from pgfence.registry import HandlerSpec
 
 OPTIONS = ("queue", "max_attempts", "max_reclaims")
 
@@ -40,8 +41,8 @@ def env_with(dsn: str, folder: Path, **extra: str) -> dict[str, str]:
 MAIL_MODULE = textwrap.dedent("""
     import os
 
-    from supervisor import handler
-    from supervisor.queries import q
+    from pgfence import handler
+    from pgfence.store.queries import q
 
     @handler("t_mail", queue="mail", max_attempts=2, max_reclaims=1, lease=20, timeout=10)
     def mail(job):
@@ -128,7 +129,7 @@ def test_register_writes_changed_kinds_only_and_keeps_the_others(conn):
 
 
 CFG_MODULE = textwrap.dedent("""
-    from supervisor import handler
+    from pgfence import handler
 
     @handler("t_cfg", queue="cfgq", max_attempts=3, max_reclaims=0)
     def cfg(job):

@@ -220,7 +220,7 @@ def test_plot_and_progress(backend, dsn, tmp_path):
         pytest.skip(f"one backend is enough; it runs on {FIRST_BACKEND}")
     png = tmp_path / "run.png"
     # Bytes, not text: universal newlines would turn the progress line's \r into \n.
-    proc = subprocess.run([sys.executable, "-m", "supervisor", "loadtest", "--jobs", "60", "--supervisors", "1",
+    proc = subprocess.run([sys.executable, "-m", "pgfence", "loadtest", "--jobs", "60", "--supervisors", "1",
                            "--workers", "3", "--sleep-mean", "0.1", "--sleep-max", "0.5", "--seed", "3",
                            "--plot", str(png), "--progress"], env=env_for(dsn), capture_output=True, timeout=80, check=False)
     err = proc.stderr.decode()
@@ -254,8 +254,8 @@ def test_the_proxy_forwards_knows_its_backends_and_blackholes_a_link(dsn):
     import psycopg
     from psycopg.conninfo import make_conninfo
 
-    from supervisor.loadtest.proxy import Proxy
-    from supervisor.loadtest.server import Server
+    from pgfence.tools.loadtest.proxy import Proxy
+    from pgfence.tools.loadtest.server import Server
 
     server = Server(dsn)
     proxy = Proxy(server.upstream)
@@ -283,7 +283,7 @@ def test_the_proxy_forwards_knows_its_backends_and_blackholes_a_link(dsn):
 
 
 def test_the_mix_is_split_exactly_by_largest_remainder():
-    from supervisor.loadtest.mix import allocate
+    from pgfence.tools.loadtest.mix import allocate
 
     assert allocate(150, {"noop": 40, "sleep": 30, "fail": 10, "effect": 10, "receipt": 10}) == {
         "noop": 60, "sleep": 45, "fail": 15, "effect": 15, "receipt": 15}
@@ -322,7 +322,7 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
 def test_through_pgbouncer_in_transaction_pooling(backend, dsn):
     """Slow, and needs Debian's pgbouncer: 2 x 8 workers through PgBouncer
     (workers poll), every fault."""
-    from supervisor.loadtest.pgbouncer import find
+    from pgfence.tools.loadtest.pgbouncer import find
 
     if find() is None:
         pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")

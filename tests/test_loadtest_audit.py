@@ -10,7 +10,7 @@ import datetime as dt
 
 import pytest
 
-from supervisor.loadtest import audit
+from pgfence.tools.loadtest import audit
 
 ZERO = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.timezone.utc)
 

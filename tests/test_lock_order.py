@@ -12,9 +12,9 @@ import psycopg
 import pytest
 from pgtools import job_row, scalar, wait_for, with_dbname
 
-from supervisor import db
-from supervisor.errors import (DatabaseError, DatabaseUnavailable, StatementCanceled, TransactionConflict)
-from supervisor.queries import q
+from pgfence.store import db
+from pgfence.errors import (DatabaseError, DatabaseUnavailable, StatementCanceled, TransactionConflict)
+from pgfence.store.queries import q
 
 
 def enqueue(conn, n: int, queue: str = "default") -> list[int]:

@@ -13,7 +13,7 @@ import pytest
 
 from metricstools import children, free_port, http_get, reclaim_and_reject, samples, total, worker_pids
 from pgtools import env_for, spawn, wait_for
-from supervisor import enqueue
+from pgfence import enqueue
 
 
 

@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 
 from pgtools import env_for, pgfence
-from supervisor import multiproc
-from supervisor.errors import ConfigError
+from pgfence.observe import multiproc
+from pgfence.errors import ConfigError
 
 
 def users_database(path) -> bytes:

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from pgtools import pgfence, scalar, spawn, wait_for
-from supervisor import migrate
+from pgfence.store import migrate
 
 EXPECTED_MIGRATIONS = [(1, "jobs"), (2, "handler_tables"), (3, "jobs_fillfactor"), (4, "complete_fenced"),
                        (5, "claim_indexes"), (6, "kinds"), (7, "putbacks_tracebacks"),

@@ -8,11 +8,11 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-import handlers.builtin  # noqa: F401 - registers noop before the registry snapshot
+import pgfence.handlers.builtin  # noqa: F401 - registers noop before the registry snapshot
 from pgtools import pgfence, scalar
-from supervisor import enqueue, handler, names, settings as settings_mod
-from supervisor.errors import ConfigError
-from supervisor.settings import Settings
+from pgfence import enqueue, handler, names, settings as settings_mod
+from pgfence.errors import ConfigError
+from pgfence.settings import Settings
 
 BAD = [" padded", "padded ", "a,b", "", "x" * 129, "it's", "ω", "-dash", "a b", "tab\t", "new\nline"]
 GOOD = ["default", "a", "x" * 128, "Emails.v2", "billing:eu-1", "9lives", "a_b-c.d:e"]

@@ -6,12 +6,12 @@ import os
 import socket
 
 from pgtools import job_row
-from supervisor import enqueue
-from supervisor.child import worker_name
-from supervisor.heartbeat_process import HeartbeatProcess
-from supervisor.queries import q
-from supervisor.settings import Settings
-from supervisor.slots import FREE, ORPHANED_CRASH, ORPHANED_STOP, SlotTable
+from pgfence import enqueue
+from pgfence.prefork.child import worker_name
+from pgfence.renewal.process import HeartbeatProcess
+from pgfence.store.queries import q
+from pgfence.settings import Settings
+from pgfence.prefork.slots import FREE, ORPHANED_CRASH, ORPHANED_STOP, SlotTable
 
 #: The instance id of the supervisor these tests play.
 INSTANCE = "0a1b2c3d"
@@ -87,8 +87,8 @@ def test_a_dead_childs_release_never_touches_another_supervisors_job_of_the_same
 
 
 def test_every_supervisor_and_worker_draws_its_own_instance_id():
-    from supervisor.child import new_instance_id
-    from supervisor.worker import default_name
+    from pgfence.prefork.child import new_instance_id
+    from pgfence.worker.loop import default_name
 
     ids = {new_instance_id() for _ in range(1000)}
     assert len(ids) == 1000 and all(len(i) == 8 and int(i, 16) >= 0 for i in ids)

@@ -9,7 +9,7 @@ import threading
 
 from pgtools import admin_connect, job_row, scalar, wait_for, with_dbname
 
-from supervisor.queries import q
+from pgfence.store.queries import q
 
 
 def test_a_lease_lost_to_an_outage_is_released_without_a_reclaim(dsn, conn, make_worker):

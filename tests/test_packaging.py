@@ -3,7 +3,7 @@
 The test venv holds the repository as an editable install (a ``.pth`` file
 and a meta-path finder), which would shadow the wheel.  So the wheel is
 unzipped into a folder of its own (which is what installing a pure-Python
-wheel does) and run as ``python -S -m supervisor``: ``-S`` skips ``site``, so
+wheel does) and run as ``python -S -m pgfence``: ``-S`` skips ``site``, so
 no ``.pth`` runs, and ``PYTHONPATH`` names the unzipped wheel first and the
 venv's site-packages (for psycopg and the other dependencies) after it.  The
 commands run from a folder outside the repository.
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from pgtools import ROOT
-from supervisor import migrate
+from pgfence.store import migrate
 
 #: What the Dockerfile copies into its build stage: all a wheel is built from.
 SOURCES = ["pyproject.toml", "README.md", "LICENSE", "supervisor", "handlers", "sql"]
@@ -74,56 +74,60 @@ def test_wheel_holds_the_sql_licence_and_entry_point(wheel):
         names = set(zf.namelist())
         entry_points = zf.read("pgfence-0.1.0.dist-info/entry_points.txt").decode()
         metadata = zf.read("pgfence-0.1.0.dist-info/METADATA").decode()
-    migrations = {f"supervisor/sql/migrations/{m.version:04d}_{m.name}.sql" for m in migrate.available()}
-    queries = {f"supervisor/sql/queries/{p.name}" for p in (ROOT / "sql" / "queries").glob("*.sql")}
+    migrations = {f"pgfence/sql/migrations/{m.version:04d}_{m.name}.sql" for m in migrate.available()}
+    queries = {f"pgfence/sql/queries/{p.name}" for p in (ROOT / "sql" / "queries").glob("*.sql")}
     assert migrations and migrations <= names, migrations - names
     assert queries and queries <= names, queries - names
     assert {n for n in names if n.endswith(".sql")} == migrations | queries
     # Nothing of the checkout's layout: no top-level sql/, no tests.
     assert not [n for n in names if n.startswith(("sql/", "tests/"))]
+    # One import name: nothing at the top level but pgfence and its metadata
+    # (supervisord's `supervisor` and a user's `handlers` stay theirs).
+    assert {n.split("/")[0] for n in names} == {"pgfence", "pgfence-0.1.0.dist-info"}
+    assert "pgfence/py.typed" in names
     assert "pgfence-0.1.0.dist-info/licenses/LICENSE" in names
     assert "License-Expression: MIT" in metadata
-    assert "pgfence = supervisor.cli:main" in entry_points
+    assert "pgfence = pgfence.cli.main:main" in entry_points
 
 
 def test_installed_wheel_migrates_reports_and_works_outside_the_repository(installed, empty_dsn, tmp_path):
     """The regression: a non-editable install failed with KeyError
     'migrations_lock' / 'status_counts' (the SQL folder was a
     ``MultiplexedPath('...')`` turned into a Path through its text)."""
-    migrated = run_installed(installed, tmp_path, "-m", "supervisor", "migrate", dsn=empty_dsn)
+    migrated = run_installed(installed, tmp_path, "-m", "pgfence", "migrate", dsn=empty_dsn)
     assert migrated.returncode == 0, migrated.stderr
     assert migrated.stdout.splitlines() == [f"applied {m.version:04d}_{m.name}" for m in migrate.available()]
 
-    again = run_installed(installed, tmp_path, "-m", "supervisor", "migrate", dsn=empty_dsn)
+    again = run_installed(installed, tmp_path, "-m", "pgfence", "migrate", dsn=empty_dsn)
     assert (again.returncode, again.stdout) == (0, "schema up to date\n"), again.stderr
 
-    status = run_installed(installed, tmp_path, "-m", "supervisor", "status", "--json", dsn=empty_dsn)
+    status = run_installed(installed, tmp_path, "-m", "pgfence", "status", "--json", dsn=empty_dsn)
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout) == {"queues": {}, "running": []}
 
     ids = []
     for n in range(3):
-        enqueued = run_installed(installed, tmp_path, "-m", "supervisor", "enqueue", "noop",
+        enqueued = run_installed(installed, tmp_path, "-m", "pgfence", "enqueue", "noop",
                                  "--payload", json.dumps({"n": n}), dsn=empty_dsn)
         assert enqueued.returncode == 0, enqueued.stderr
         ids.append(int(enqueued.stdout))
     assert len(set(ids)) == 3
 
-    worked = run_installed(installed, tmp_path, "-m", "supervisor", "work", "--burst", "--retention", "none",
+    worked = run_installed(installed, tmp_path, "-m", "pgfence", "work", "--burst", "--retention", "none",
                            dsn=empty_dsn)
     assert worked.returncode == 0, worked.stderr
 
-    status = run_installed(installed, tmp_path, "-m", "supervisor", "status", "--json", dsn=empty_dsn)
+    status = run_installed(installed, tmp_path, "-m", "pgfence", "status", "--json", dsn=empty_dsn)
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout) == {"queues": {"default": {"done": 3}}, "running": []}
 
     # The commands above ran the wheel's code and SQL, not the checkout's.
-    where = run_installed(installed, tmp_path, "-c", "import supervisor, supervisor.queries as q; "
-                          "print(supervisor.__file__); print(type(q.sql_dir()).__name__)")
+    where = run_installed(installed, tmp_path, "-c", "import pgfence, pgfence.store.queries as q; "
+                          "print(pgfence.__file__); print(q.sql_dir())")
     assert where.returncode == 0, where.stderr
-    module_file, sql_dir_type = where.stdout.split()
-    assert Path(module_file) == installed / "supervisor" / "__init__.py"
-    assert sql_dir_type == "MultiplexedPath"
+    module_file, sql_dir = where.stdout.split()
+    assert Path(module_file) == installed / "pgfence" / "__init__.py"
+    assert Path(sql_dir) == installed / "pgfence" / "sql"
 
     # Nothing was written into the folder the commands ran from.
     assert list(tmp_path.iterdir()) == []

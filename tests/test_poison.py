@@ -8,7 +8,7 @@ import signal
 import threading
 
 from pgtools import env_for, job_row, pgfence, scalar, spawn, wait_for
-from supervisor import enqueue
+from pgfence import enqueue
 
 STORED = "ValueError: bad \\x00 byte and caf\\udce9"
 
@@ -18,7 +18,7 @@ def test_an_error_with_nul_and_a_lone_surrogate_is_stored_escaped_and_the_worker
     after = enqueue(conn, "noop")
     # Three outcomes: the poison job's two failed attempts and the noop job
     # (--burst could leave before the retry's backoff is over).
-    result = pgfence("work", "--max-jobs", "3", "--handlers", "handlers.builtin,poison_handlers",
+    result = pgfence("work", "--max-jobs", "3", "--handlers", "pgfence.handlers.builtin,poison_handlers",
                      "--poll-interval", "0.1", dsn=dsn,
                      env=env_for(dsn, PGFENCE_BACKOFF_BASE="0.01", PGFENCE_BACKOFF_MAX="0.01"))
     assert result.returncode == 0, result.stderr
@@ -52,7 +52,7 @@ class Lines:
 def test_a_child_that_keeps_crashing_is_respawned_with_a_growing_delay(dsn, conn):
     for _ in range(3):
         enqueue(conn, "exit_hard", max_reclaims=50, max_attempts=50)
-    run = spawn("run", "--workers", "1", "--handlers", "handlers.builtin,poison_handlers", dsn=dsn)
+    run = spawn("run", "--workers", "1", "--handlers", "pgfence.handlers.builtin,poison_handlers", dsn=dsn)
     log = Lines(run.stderr)
     try:
         pattern = r"worker \d+ crashed (\d+) times in a row, each within \d+s of its start: next start in ([0-9.]+)s"
@@ -73,8 +73,8 @@ def test_a_child_that_keeps_crashing_is_respawned_with_a_growing_delay(dsn, conn
 
 
 def test_storable_text_and_the_crash_backoff_without_a_database():
-    from supervisor.arbiter import CRASH_BACKOFF_MAX, crash_backoff
-    from supervisor.errortext import storable
+    from pgfence.prefork.arbiter import CRASH_BACKOFF_MAX, crash_backoff
+    from pgfence.errortext import storable
 
     assert storable("bad \x00 byte and caf\udce9 \u20ac") == "bad \\x00 byte and caf\\udce9 \u20ac"
     assert storable("plain text\nwith lines") == "plain text\nwith lines"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from pgtools import job_row, scalar
-from supervisor import enqueue, registry
-from supervisor.mailsink import MailSink
-from supervisor.settings import Settings
-from supervisor.worker import Worker
+from pgfence import enqueue, registry
+from pgfence.tools.mailsink import MailSink
+from pgfence.settings import Settings
+from pgfence.worker.loop import Worker
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def sink(monkeypatch):
 
 @pytest.fixture
 def worker(dsn):
-    registry.load(["handlers.receipts"])
+    registry.load(["pgfence.handlers.receipts"])
     w = Worker(dsn, Settings(lease=5, poll_interval=0.1, backoff_base=0.05, retention=None), name="test-w")
     yield w
     w.close()

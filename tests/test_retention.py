@@ -6,8 +6,8 @@ from __future__ import annotations
 import psycopg
 
 from pgtools import pgfence, scalar
-from supervisor import retention
-from supervisor.queries import q
+from pgfence.worker import retention
+from pgfence.store.queries import q
 
 
 def add_job(conn: psycopg.Connection, status: str, *, finished_ago: str | None = None,

@@ -10,11 +10,11 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-import handlers.builtin  # noqa: F401 - registers noop, sleep, fail before the registry snapshot
+import pgfence.handlers.builtin  # noqa: F401 - registers noop, sleep, fail before the registry snapshot
 from pgtools import job_row, scalar, wait_for
-from supervisor import LeaseLost, enqueue, handler
-from supervisor.settings import Settings
-from supervisor.worker import DONE, FAILED, LOST, PUT_BACK, RETRIED, Worker
+from pgfence import LeaseLost, enqueue, handler
+from pgfence.settings import Settings
+from pgfence.worker.loop import DONE, FAILED, LOST, PUT_BACK, RETRIED, Worker
 
 
 def clock(conn: psycopg.Connection) -> dt.datetime:

@@ -13,9 +13,9 @@ import psycopg
 import pytest
 from pgtools import scalar, spawn, wait_for
 
-from supervisor.errors import ConfigError
-from supervisor.queries import q
-from supervisor.settings import Settings
+from pgfence.errors import ConfigError
+from pgfence.store.queries import q
+from pgfence.settings import Settings
 
 
 def enqueue(conn, kind: str = "noop", payload: dict | None = None, queue: str = "default") -> int:
@@ -40,7 +40,7 @@ def test_a_frozen_worker_inside_a_transaction_frees_its_row_locks(dsn, conn):
     answers keepalives: for ever).  With --idle-in-transaction-timeout 1 the
     server ends that session and the row can be locked again."""
     job_id = enqueue(conn, "hold_row", {"seconds": 60})
-    proc = spawn("work", "--handlers", "handlers.builtin,session_handlers", "--idle-in-transaction-timeout", "1",
+    proc = spawn("work", "--handlers", "pgfence.handlers.builtin,session_handlers", "--idle-in-transaction-timeout", "1",
                  "--lease", "30", "--name", "frozen", dsn=dsn)
     try:
         pid = wait_for(lambda: scalar(conn, "SELECT min(pid) FROM pg_stat_activity WHERE application_name = "
@@ -61,7 +61,7 @@ def test_worker_and_heartbeat_sessions_carry_the_timeout(dsn, make_worker):
     worker = make_worker("w-idle", idle_in_transaction_timeout=7.5)
     assert worker.conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("7500ms",)
     assert worker.conn.execute("SHOW tcp_keepalives_idle").fetchone()[0] in ("5", "0")   # 0 on a Unix socket
-    from supervisor.heartbeat import HeartbeatManager
+    from pgfence.renewal.renewer import HeartbeatManager
 
     manager = HeartbeatManager(dsn, idle_in_transaction_timeout=7.5)
     try:

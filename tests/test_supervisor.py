@@ -1,6 +1,6 @@
 """``pgfence run``, the prefork supervisor, as real processes.
 
-Every test starts real ``pgfence run`` arbiters (``python -m supervisor
+Every test starts real ``pgfence run`` arbiters (``python -m pgfence
 run``) against a real PostgreSQL, sends them real signals and looks at them
 from the outside: the database, ``/proc`` (titles, threads, sockets) and the
 log.  Every process a test starts is killed in the fixture's teardown, and
@@ -22,7 +22,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgtools import env_for, job_row, pgfence, scalar, spawn, wait_for
-from supervisor.arbiter import MAX_BOOT_FAILURES
+from pgfence.prefork.arbiter import MAX_BOOT_FAILURES
 
 #: The lease of the arbiters' workers; the heartbeat runs every third of it.
 LEASE = 1.5
@@ -79,7 +79,7 @@ def running(pid: int) -> bool:
 
 def ours(pid: int) -> bool:
     """``pid`` runs and is a pgfence process: titled, or not yet (or never)
-    retitled (``python -m supervisor ...``); a reused pid is not ours."""
+    retitled (``python -m pgfence ...``); a reused pid is not ours."""
     raw = cmdline(pid)
     return running(pid) and (raw.startswith(b"pgfence ") or b"\0-m\0supervisor\0" in raw)
 
@@ -401,7 +401,7 @@ def test_workers_that_die_at_start_stop_the_arbiter_after_a_bounded_number_of_tr
     env["PGFENCE_DSN"] = dsn
     job_id = scalar(conn, "SELECT pgfence.enqueue('noop')")
     began = time.monotonic()
-    run = runs("--workers", "2", "--handlers", "handlers.builtin,pgfence_test_crash", env=env)
+    run = runs("--workers", "2", "--handlers", "pgfence.handlers.builtin,pgfence_test_crash", env=env)
     code = run.wait(30)
     assert time.monotonic() - began < 30
     log = run.log()
@@ -425,7 +425,7 @@ def test_workers_that_die_at_start_stop_the_arbiter_after_a_bounded_number_of_tr
 HEARTBEAT_CRASH_MODULE = """\
 import os
 
-from supervisor import heartbeat_process
+from pgfence.renewal import process as heartbeat_process
 
 # The arbiter forks its heartbeat managers after importing this module: each
 # one dies at once, before its first round.  The workers are fine.
@@ -438,7 +438,7 @@ def test_a_heartbeat_manager_that_dies_at_start_stops_the_arbiter_after_a_bounde
     env = write_module(tmp_path, "pgfence_test_hb_crash", HEARTBEAT_CRASH_MODULE)
     env["PGFENCE_DSN"] = dsn
     began = time.monotonic()
-    run = runs("--workers", "2", "--handlers", "handlers.builtin,pgfence_test_hb_crash", env=env)
+    run = runs("--workers", "2", "--handlers", "pgfence.handlers.builtin,pgfence_test_hb_crash", env=env)
     wait_for(lambda: listening_workers(conn) == 2, timeout=20, message="two workers listening")
     code = run.wait(30)
     assert time.monotonic() - began < 30

@@ -37,15 +37,15 @@ from typing import Any
 import pytest
 
 from pgtools import env_for, job_row, pgfence, scalar, spawn, wait_for
-from supervisor import enqueue
+from pgfence import enqueue
 
 HANDLERS_MODULE = "pgfence_fault_handlers"
 HANDLERS_SOURCE = '''\
 import os
 import time
 
-from supervisor import handler
-from supervisor.queries import q
+from pgfence import handler
+from pgfence.store.queries import q
 
 
 def stubborn(job):
@@ -242,7 +242,7 @@ def supervisors(dsn, tmp_path):
 
     def start(label: str = "run", **options: Any) -> Supervisor:
         options = {"workers": 2, "lease": 30, "poll_interval": 0.2,
-                   "handlers": f"handlers.builtin,{HANDLERS_MODULE}", **options}
+                   "handlers": f"pgfence.handlers.builtin,{HANDLERS_MODULE}", **options}
         args = []
         for name, value in options.items():
             if value is not None:
@@ -405,7 +405,7 @@ def test_heartbeat_that_cannot_keep_a_kind_lease_is_refused_at_start(dsn, conn, 
     env = env_for(dsn)
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
     for command in ("run", "work"):
-        result = pgfence(command, "--heartbeat", "1", "--handlers", f"handlers.builtin,{HANDLERS_MODULE}",
+        result = pgfence(command, "--heartbeat", "1", "--handlers", f"pgfence.handlers.builtin,{HANDLERS_MODULE}",
                          env=env, timeout=30)
         assert result.returncode == 2, result
         assert result.stderr == (
@@ -414,7 +414,7 @@ def test_heartbeat_that_cannot_keep_a_kind_lease_is_refused_at_start(dsn, conn, 
             "passed\n"), result.stderr
     # Half of the shortest lease is accepted.
     result = pgfence("work", "--burst", "--heartbeat", "0.75", "--handlers",
-                     f"handlers.builtin,{HANDLERS_MODULE}", env=env, timeout=30)
+                     f"pgfence.handlers.builtin,{HANDLERS_MODULE}", env=env, timeout=30)
     assert result.returncode == 0, result.stderr
     assert counts(conn) == {}
 

@@ -10,12 +10,12 @@ import time
 import pytest
 
 from pgtools import scalar
-from supervisor import enqueue, handler
-from supervisor.child import SlotLeases
-from supervisor.heartbeat_process import HeartbeatProcess
-from supervisor.settings import Settings
-from supervisor.slots import ACTIVE, SlotTable
-from supervisor.worker import Worker
+from pgfence import enqueue, handler
+from pgfence.prefork.child import SlotLeases
+from pgfence.renewal.process import HeartbeatProcess
+from pgfence.settings import Settings
+from pgfence.prefork.slots import ACTIVE, SlotTable
+from pgfence.worker.loop import Worker
 from test_supervisor_faults import supervisors  # noqa: F401 - the fixture
 
 #: Each job of the batch works this long; the timeout is shorter than the
@@ -116,7 +116,7 @@ BATCH_MODULE = "pgfence_batch_timeout_handlers"
 BATCH_SOURCE = f"""\
 import time
 
-from supervisor import handler
+from pgfence import handler
 
 
 @handler("t_batched", timeout={TIMEOUT})

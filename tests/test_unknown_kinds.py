@@ -9,11 +9,11 @@ import subprocess
 import pytest
 from prometheus_client import REGISTRY
 
-import handlers.builtin  # noqa: F401 - registers noop, sleep, fail before the registry snapshot
+import pgfence.handlers.builtin  # noqa: F401 - registers noop, sleep, fail before the registry snapshot
 from metricstools import total
 from pgtools import job_row, pgfence, scalar, spawn, wait_for
-from supervisor import enqueue
-from supervisor.worker import DONE, FAILED, LOST, PUT_BACK
+from pgfence import enqueue
+from pgfence.worker.loop import DONE, FAILED, LOST, PUT_BACK
 
 
 def rows(conn, kind: str) -> list[tuple]:
@@ -35,7 +35,7 @@ def test_rolling_deploy_old_worker_puts_back_new_worker_runs_every_job(dsn, conn
     assert {status for _id, status, *_ in rows(conn, "new_kind")} <= {"queued", "running"}
 
     # The new release comes up next to the old one.
-    new = spawn("work", "--name", "new", "--handlers", "handlers.builtin,rollout_handlers",
+    new = spawn("work", "--name", "new", "--handlers", "pgfence.handlers.builtin,rollout_handlers",
                 "--poll-interval", "0.5", dsn=dsn, stdout=subprocess.DEVNULL)
     try:
         wait_for(lambda: all(r[1] == "done" for r in rows(conn, "new_kind")), timeout=20,
@@ -123,7 +123,7 @@ def test_put_back_is_fenced(conn, make_worker):
 def test_put_backs_spend_no_attempt_of_retries_and_of_pgfence_retry(dsn, conn, make_worker):
     # Two put-backs, then the kind becomes known and its first run fails:
     # with max_attempts 2 the job is retried, not failed for want of attempts.
-    from supervisor import handler
+    from pgfence import handler
 
     job_id = scalar(conn, "SELECT pgfence.enqueue('late_fail', '{}', p_max_attempts => 2)")
     worker = make_worker("w-late", unknown_kind_delay=0.01, backoff_base=0.01)
@@ -160,7 +160,7 @@ def test_invalid_unknown_kind_settings_are_one_line(dsn, value):
 
 
 def test_unknown_kind_settings_come_from_the_environment(dsn):
-    from supervisor import settings
+    from pgfence import settings
 
     s = settings.load({}, env={"PGFENCE_UNKNOWN_KIND_DELAY": "2s", "PGFENCE_UNKNOWN_KIND_TIMEOUT": "2h"})
     assert (s.unknown_kind_delay, s.unknown_kind_timeout) == (2.0, 7200.0)

@@ -1,0 +1,2 @@
+"""pgfence's SQL: numbered migrations and named queries, read as package
+resources."""

@@ -1,0 +1,2 @@
+"""The `pgfence` command line: argument parsing, sub-commands and the
+admin commands."""

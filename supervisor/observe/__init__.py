@@ -1,0 +1,2 @@
+"""Observability: Prometheus metrics, their multiprocess directory and the
+/metrics server."""

@@ -1,0 +1,175 @@
+"""The metrics server: a small child process of the arbiter.
+
+It serves, on the socket the arbiter bound before any fork:
+
+- ``/metrics``: every process's metrics summed (prometheus_client's
+  multiprocess collector over the shared directory);
+- ``/healthz``: 200 while the arbiter's loop ticks (a liveness probe that a
+  busy worker can never fail);
+- ``/readyz``: 200 when the database answers and the workers are up.
+
+It also refreshes the ``pgfence_queue_*`` gauges at an interval, so that one
+process, not every scrape of every child, counts the jobs table.  Serving
+from a child keeps the arbiter free of threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from pgfence.store import db
+from pgfence.observe import metrics
+from pgfence.prefork import proctitle
+from pgfence.store.queries import q
+from pgfence.prefork.slots import SlotTable
+
+log = logging.getLogger("pgfence.metrics")
+
+#: The arbiter's loop ticks every half second; this much silence is unhealthy.
+HEALTHY_WITHIN = 10.0
+#: Seconds between refreshes of the queue gauges.
+QUEUE_REFRESH = 15.0
+
+
+class MetricsServer:
+    def __init__(self, sock: socket.socket, dsn: str, table: SlotTable, liveness: float,
+                 queue_refresh: float = QUEUE_REFRESH):
+        self.sock = sock
+        self.dsn = dsn
+        self.table = table
+        self.liveness = liveness
+        self.queue_refresh = queue_refresh
+        self._conn = None
+        self._db_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._seen: set[tuple[str, str]] = set()
+        self._queues: set[str] = set()
+
+    # -- checks ------------------------------------------------------------------
+
+    def healthy(self) -> tuple[bool, str]:
+        tick, _target = self.table.arbiter()
+        age = time.monotonic() - tick
+        if tick and age <= HEALTHY_WITHIN:
+            return True, "ok"
+        return False, f"arbiter loop silent for {age:.0f}s"
+
+    def ready(self) -> tuple[bool, str]:
+        ok, why = self.healthy()
+        if not ok:
+            return ok, why
+        _tick, target = self.table.arbiter()
+        up = self.table.workers_up(self.liveness)
+        if up < target:
+            return False, f"{up} of {target} workers up"
+        try:
+            self._query("SELECT 1")
+        except Exception as exc:  # noqa: BLE001 - any failure means not ready
+            return False, f"database: {db.first_line(exc)}"
+        return True, f"{up} workers up, database answers"
+
+    def _query(self, sql: str) -> list[tuple]:
+        with self._db_lock:
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = db.connect(self.dsn, application_name="pgfence metrics")
+                return self._conn.execute(sql).fetchall()
+            except Exception:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+                raise
+
+    # -- queue gauges ---------------------------------------------------------------
+
+    def refresh_queues(self) -> int:
+        """Set the queue gauges from one query; return the rows read."""
+        rows = self._query(q("queue_gauges"))
+        seen = set()
+        oldest: dict[str, float] = {}
+        for queue, status, jobs, age in rows:
+            metrics.QUEUE_JOBS.labels(queue, status).set(jobs)
+            seen.add((queue, status))
+            oldest[queue] = max(oldest.get(queue, 0.0), age)
+        # A status that emptied since the last refresh reads 0, not its old value.
+        for queue, status in self._seen - seen:
+            metrics.QUEUE_JOBS.labels(queue, status).set(0)
+        self._seen |= seen
+        self._queues |= set(oldest)
+        for queue in self._queues:
+            metrics.QUEUE_OLDEST_AGE.labels(queue).set(oldest.get(queue, 0.0))
+        return len(rows)
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh_queues()
+            except Exception as exc:  # noqa: BLE001 - the next round tries again
+                log.warning("queue gauges not refreshed: %s", db.first_line(exc))
+            self._stop.wait(self.queue_refresh)
+
+    # -- HTTP ----------------------------------------------------------------------------
+
+    def handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    registry = CollectorRegistry()
+                    MultiProcessCollector(registry)
+                    self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                elif path in ("/healthz", "/readyz"):
+                    ok, why = server.healthy() if path == "/healthz" else server.ready()
+                    self._send(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8")
+                else:
+                    self._send(404, b"not found\n", "text/plain; charset=utf-8")
+
+            def _send(self, status: int, body: bytes, ctype: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        return Handler
+
+    def serve(self) -> None:
+        httpd = ThreadingHTTPServer(self.sock.getsockname()[:2], self.handler_class(), bind_and_activate=False)
+        httpd.socket.close()
+        httpd.socket = self.sock
+        httpd.daemon_threads = True
+        threading.Thread(target=self._refresh_loop, name="pgfence-queue-gauges", daemon=True).start()
+        signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=httpd.shutdown, daemon=True).start())
+        # TERM was blocked across the fork; with the handler set it may come.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGUSR1})
+        try:
+            httpd.serve_forever(poll_interval=0.25)
+        finally:
+            self._stop.set()
+
+
+def main(sock: socket.socket, dsn: str, table: SlotTable, liveness: float) -> int:
+    parent = os.getppid()
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.set_wakeup_fd(-1)
+    host, port = sock.getsockname()[:2]
+    proctitle.set(f"pgfence metrics {host}:{port}")
+    server = MetricsServer(sock, dsn, table, liveness)
+    proctitle.die_with_parent(parent)
+    server.serve()
+    return 0

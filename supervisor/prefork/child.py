@@ -1,0 +1,170 @@
+"""A worker child's life after the fork.
+
+The child opens its own connection, claims, runs and completes jobs through
+the fence (``pgfence.worker.loop.Worker``), and publishes what it holds and a
+liveness tick in its slot of the shared table.  A small thread ticks and
+copies the heartbeat manager's news (new deadlines, lost leases) into the
+child's leases; a child that is stopped or hung stops ticking, so its leases
+stop being renewed.  The child always leaves with ``os._exit``, so it never
+runs the parent's exit hooks nor closes the parent's file descriptors.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import threading
+
+from pgfence.prefork import proctitle
+from pgfence.job import Job
+from pgfence.worker.lease import Lease
+from pgfence.settings import Settings
+from pgfence.prefork.slots import SlotTable
+
+log = logging.getLogger("pgfence.worker")
+
+#: Exit status of a child that could not start (the arbiter halts on it).
+BOOT_ERROR = 3
+
+#: Signals the arbiter sends its children.  They are blocked across the fork
+#: and unblocked by the child once its own handlers are set, so that one sent
+#: a moment after the fork stays pending instead of reaching the arbiter's
+#: handler copied into the child (where a TERM was lost) or the default action
+#: (USR1 kills).
+STARTUP_BLOCKED = frozenset({signal.SIGTERM, signal.SIGUSR1})
+
+
+def new_instance_id() -> str:
+    """A random id for one supervisor (or one ``pgfence work``) process.
+
+    Host name and pid do not tell supervisors apart: containers with the same
+    host name (host networking, a fixed ``hostname:``) start their arbiter
+    as pid 1, so children's pids and numbers repeat, and a dead child's
+    release by name once handed back another supervisor's live job."""
+    return secrets.token_hex(4)
+
+
+def worker_name(pid: int, number: int, instance: str) -> str:
+    """A child's name in ``locked_by``: ``host:pid:wN:instance``, unique to
+    this child of this supervisor."""
+    return f"{socket.gethostname()}:{pid}:w{number}:{instance}"
+
+
+class SlotLeases:
+    """What the worker tracks, published in its slot instead of renewed here."""
+
+    def __init__(self, table: SlotTable, slot: int, tick_interval: float):
+        self.table = table
+        self.slot = slot
+        self.tick_interval = tick_interval
+        self._entries: dict[Lease, int] = {}
+        # Free entries of the slot, so that tracking a lease is O(1) however
+        # large the batch (a scan for a free entry made a batch O(n^2)).
+        self._free = list(range(table.njobs - 1, -1, -1))
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def track(self, lease: Lease) -> None:
+        with self._lock:
+            entry = self._free.pop()
+            self._entries[lease] = entry
+        self.table.publish(self.slot, entry, lease.id, lease.attempt, lease.seconds,
+                           lease.claimed_at, lease.timeout, lease.started_at)
+
+    def handler_started(self, lease: Lease) -> None:
+        """Publish when the handler started: the heartbeat and the arbiter
+        count the job's timeout from it."""
+        with self._lock:
+            entry = self._entries.get(lease)
+        if entry is not None and lease.started_at is not None:
+            self.table.started(self.slot, entry, lease.started_at)
+
+    def untrack(self, lease: Lease) -> None:
+        with self._lock:
+            entry = self._entries.pop(lease, None)
+        if entry is not None:
+            self.table.clear(self.slot, entry)
+            with self._lock:
+                self._free.append(entry)
+
+    def sync(self) -> None:
+        """Tick, and copy the heartbeat's news into the leases held."""
+        self.table.tick(self.slot)
+        with self._lock:
+            items = list(self._entries.items())
+        for lease, entry in items:
+            news = self.table.news(self.slot, entry, lease.id, lease.attempt)
+            if news is None:
+                continue
+            deadline, lost, _lost_at, failing = news
+            lease.failing = failing
+            if lost:
+                lease.mark_lost(lost)
+            elif deadline:
+                lease.extend(deadline)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.tick_interval):
+            self.sync()
+
+    def start(self) -> None:
+        self.sync()
+        self._thread = threading.Thread(target=self._loop, name="pgfence-tick", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def main(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
+         tick_interval: float, instance: str) -> None:
+    """Run the child until it is told to stop; never returns."""
+    code = 0
+    try:
+        code = _run(number, slot, table, dsn, settings, tick_interval, instance)
+    except BaseException as exc:  # noqa: BLE001 - the child must always reach os._exit
+        log.error("worker %d crashed: %s: %s", number, type(exc).__name__, exc)
+        code = 1
+    finally:
+        logging.shutdown()
+        os._exit(code)
+
+
+def _run(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
+         tick_interval: float, instance: str) -> int:
+    from pgfence.worker.loop import Worker
+
+    parent = os.getppid()
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    proctitle.set(f"pgfence worker {number} idle")
+
+    leases = SlotLeases(table, slot, tick_interval)
+
+    def title(job: Job | None) -> None:
+        if job is None:
+            proctitle.set(f"pgfence worker {number} idle")
+        else:
+            proctitle.set(f"pgfence worker {number} {job.kind} job {job.id} attempt {job.attempt}")
+
+    worker = Worker(dsn, settings, name=worker_name(os.getpid(), number, instance),
+                    heartbeat=leases, on_job=title)
+    # Signal handlers only record: the loop stops claiming and the running
+    # job finishes first.
+    signal.signal(signal.SIGTERM, lambda *_: worker.request_stop())
+    # Should the arbiter die, even by SIGKILL, drain and leave like on TERM.
+    proctitle.die_with_parent(parent)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STARTUP_BLOCKED)
+    # The first tick says the child is up: connected and ready to claim.  A
+    # child that dies before it is counted as a failure to start.
+    worker.connect_with_retry()
+    leases.start()
+    worker.run()
+    leases.stop()
+    return 0

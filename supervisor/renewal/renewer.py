@@ -1,0 +1,380 @@
+"""The heartbeat manager: renews the leases of many running jobs in ONE
+statement per round.
+
+Each lease is renewed once a third of its own length has passed since its
+last renewal (or every ``heartbeat`` seconds when that is configured and
+shorter than the lease): a kind with a short lease is renewed at its own
+pace, and a round renews, in one statement, every lease due before the next
+round.  It learns per job which renewals were rejected (the attempt no longer
+owns the job, or the job was cancelled) and marks those leases lost; a lease
+whose local deadline passes is marked lost too (see :mod:`supervisor.lease`),
+as ``renewal_failed`` when a renewal was tried and failed, else as
+``expired``.
+
+A job that runs past its kind's timeout is marked lost (``timeout``) at that
+moment, so its handler's ``check()`` raises, but it is still renewed for
+``timeout_grace`` seconds more: nobody else may claim it while its worker
+finishes the attempt or is killed (``lost_lease_kill_after``).
+
+The manager is a plain object with :meth:`run_once`, which returns what it
+did; :meth:`start` runs it in a thread for an in-process worker, and the
+supervisor runs it in a process of its own for all children.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from pgfence.store import db
+from pgfence.observe import metrics
+from pgfence.errors import ConfigError
+from pgfence.worker.lease import Lease
+from pgfence.store.queries import q
+from pgfence.settings import idle_in_transaction_ms
+
+log = logging.getLogger("pgfence.heartbeat")
+
+
+@dataclass
+class RenewResult:
+    """What one round did."""
+
+    sent: int = 0            # leases in the renewal statement (0: no statement)
+    renewed: int = 0
+    lost: dict[str, int] = field(default_factory=dict)   # reason -> count
+    error: str | None = None  # the database error of this round, if any
+
+    def add_lost(self, reason: str) -> None:
+        self.lost[reason] = self.lost.get(reason, 0) + 1
+
+
+def renew_period(lease: float, heartbeat: float | None) -> float:
+    """Seconds between two renewals of a lease of ``lease`` seconds: the
+    configured ``heartbeat`` when it is shorter than the lease, else a third
+    of the lease."""
+    if heartbeat is not None and heartbeat < lease:
+        return heartbeat
+    return lease / 3
+
+
+def validate_heartbeat(heartbeat: float | None, specs: Iterable) -> None:
+    """Refuse a configured ``heartbeat`` longer than half a kind's lease:
+    one late round would lose every lease of that kind.  Unset, the
+    renewals follow each lease (a third of it) and nothing is refused."""
+    if heartbeat is None:
+        return
+    for spec in specs:
+        if spec.lease is not None and heartbeat > spec.lease / 2:
+            raise ConfigError(f"invalid heartbeat: {heartbeat:g}s cannot keep the {spec.lease:g}s lease of "
+                              f"kind {spec.kind!r}; give at most half of it ({spec.lease / 2:g}s), or leave "
+                              "heartbeat unset to renew each lease when a third of it has passed")
+
+
+class HeartbeatManager:
+    """Renews every tracked lease in one batched statement per round.
+
+    ``interval`` is the configured ``heartbeat`` (None: a third of each
+    lease); ``self.interval`` is the period of a ``default_lease`` lease,
+    the longest a running thread waits between two rounds.  A timed-out
+    lease is renewed ``timeout_grace`` seconds past its timeout.
+    ``statements`` counts the renewal statements sent.
+    """
+
+    def __init__(self, dsn: str, *, default_lease: float = 30.0, interval: float | None = None,
+                 timeout_grace: float = 0.0, application_name: str = "pgfence heartbeat",
+                 prepare: bool = False, idle_in_transaction_timeout: float | None = 60.0):
+        if default_lease <= 0:
+            raise ValueError("default_lease must be positive")
+        if interval is not None and interval <= 0:
+            raise ValueError("interval must be positive")
+        self.dsn = dsn
+        self.default_lease = default_lease
+        self.heartbeat = interval
+        self.interval = renew_period(default_lease, interval)
+        self.timeout_grace = timeout_grace
+        #: idle_in_transaction_session_timeout of this manager's sessions and
+        #: renewals, in milliseconds ('0': the server's).
+        self.idle_in_transaction_ms = idle_in_transaction_ms(idle_in_transaction_timeout)
+        self.statements = 0
+        self._leases: dict[tuple[int, int], Lease] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        # Set by stop(), and by track() when a new lease is due before the
+        # round the thread waits for.
+        self._wake = threading.Event()
+        self._next_at = 0.0
+        # After a failed round, no new one before this (monotonic): a lease
+        # due in the past must not make the loops retry without a pause.
+        self._retry_at = 0.0
+        self._thread: threading.Thread | None = None
+        # The statement may not outlive the shortest period of the leases it
+        # renews (see run_once): a renewal that is late is worth nothing, and
+        # the next round tries again.
+        self._pool = ConnectionPool(
+            db.conninfo(dsn, application_name=application_name),
+            min_size=1, max_size=1, open=False, timeout=max(1.0, self.interval),
+            kwargs={"autocommit": True, "prepare_threshold": db.prepare_threshold(prepare)},
+            configure=self._configure,
+            reconnect_timeout=3600 * 24 * 365,
+            name="pgfence-heartbeat",
+        )
+        self._opened = False
+
+    def _configure(self, conn: psycopg.Connection) -> None:
+        """Each new connection of the pool: see session_settings."""
+        conn.execute(q("session_settings"), {"idle_ms": self.idle_in_transaction_ms})
+
+    # -- tracking ---------------------------------------------------------
+
+    def track(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases[(lease.id, lease.attempt)] = lease
+        if self._thread is not None and self.next_event(lease) < self._next_at:
+            self._wake.set()
+
+    def untrack(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases.pop((lease.id, lease.attempt), None)
+
+    def handler_started(self, lease: Lease) -> None:
+        """The handler of ``lease``'s job started (``lease.started_at`` is
+        set): its timeout may fall before the round the thread waits for."""
+        if self._thread is not None and self.next_event(lease) < self._next_at:
+            self._wake.set()
+
+    def tracked(self) -> list[Lease]:
+        with self._lock:
+            return list(self._leases.values())
+
+    # -- one round --------------------------------------------------------
+
+    def period(self, lease: Lease) -> float:
+        """Seconds between two renewals of ``lease``."""
+        return renew_period(lease.seconds, self.heartbeat)
+
+    def due(self, lease: Lease) -> float:
+        """When ``lease`` should be renewed next (monotonic)."""
+        return lease.renewed_at + self.period(lease)
+
+    def holding(self, lease: Lease, now: float) -> bool:
+        """A timed-out lease is still renewed within the grace after its
+        timeout, until its deadline passes."""
+        return (lease.timeout is not None and lease.started_at is not None
+                and now < lease.started_at + lease.timeout + self.timeout_grace and not lease.expired(now))
+
+    def next_event(self, lease: Lease) -> float:
+        """When ``lease`` next needs a round: its renewal, or its timeout."""
+        at = self.due(lease)
+        if lease.timeout is not None and lease.started_at is not None and lease.lost_reason is None:
+            at = min(at, lease.started_at + lease.timeout)
+        return at
+
+    def next_round(self, leases: list[Lease], now: float) -> float:
+        """When the next round is needed for ``leases``: the earliest renewal
+        or timeout among them, at most one ``interval`` away."""
+        at = now + self.interval
+        for lease in leases:
+            if lease.lost_reason is None or (lease.lost_reason == "timeout" and self.holding(lease, now)):
+                at = min(at, self.next_event(lease))
+        return max(at, self._retry_at)
+
+    def window(self, leases: list[Lease]) -> float:
+        """How far ahead a round renews: the shortest period among ``leases``
+        (a lease due before the next round goes in this one)."""
+        return min([self.period(lease) for lease in leases] or [self.interval])
+
+    def run_once(self, leases: list[Lease] | None = None, *, horizon: float | None = None) -> RenewResult:
+        """Renew all held leases (or ``leases``) in one statement; return what
+        happened.  With ``horizon`` only those due by then are renewed."""
+        result = RenewResult()
+        now = time.monotonic()
+        live: list[Lease] = []
+        for lease in (self.tracked() if leases is None else leases):
+            if lease.lost_reason is not None and lease.lost_reason != "timeout":
+                continue
+            if lease.timed_out(now):
+                if lease.mark_lost("timeout"):
+                    result.add_lost("timeout")
+                if not self.holding(lease, now):
+                    continue
+            elif lease.expired(now):
+                reason = lease.expiry_reason()
+                if lease.mark_lost(reason):
+                    result.add_lost(reason)
+                continue
+            if horizon is not None and self.due(lease) > horizon:
+                continue
+            live.append(lease)
+        if not live:
+            return result
+        result.sent = len(live)
+        params = {
+            "ids": db.array_literal(lease.id for lease in live),
+            "attempts": db.array_literal(lease.attempt for lease in live),
+            "leases": db.array_literal(float(lease.seconds) for lease in live),
+        }
+        sent_at = time.monotonic()
+
+        def renew() -> tuple[set, dict]:
+            with self._pool.connection() as conn, conn.transaction():
+                # Settings for this transaction only: a startup option or
+                # a session SET would not survive (or would leak through)
+                # a transaction-pooling PgBouncer.
+                conn.execute(q("renewal_settings"), {"ms": str(max(100, int(self.window(live) * 1000))),
+                                                     "idle_ms": self.idle_in_transaction_ms})
+                self.statements += 1
+                renewed = set(conn.execute(q("renew"), params).fetchall())
+                missed = [lease.id for lease in live if (lease.id, lease.attempt) not in renewed]
+                # Only a round that lost leases asks why.
+                verdicts = {job_id: (status, attempt) for job_id, status, attempt in
+                            conn.execute(q("renew_verdicts"), {"ids": missed}).fetchall()} if missed else {}
+            return renewed, verdicts
+
+        try:
+            with self._expiring(live, result):
+                self._open()
+                # A deadlock or serialization failure rolled the round back:
+                # it runs again at once, not a round later.
+                renewed, verdicts = db.retrying(renew, self.dsn, what="lease renewal")
+        except (psycopg.Error, OSError, Exception) as exc:  # noqa: BLE001 - any failure is a failed round
+            result.error = db.first_line(exc)
+            log.warning("lease renewal failed: %s", result.error)
+            self._retry_at = sent_at + self.window(live)
+            now = time.monotonic()
+            for lease in live:
+                lease.failing = True
+                if lease.expired(now) and lease.mark_lost("renewal_failed"):
+                    result.add_lost("renewal_failed")
+            return result
+        finally:
+            metrics.HEARTBEAT_DURATION.observe(time.monotonic() - sent_at)
+        for lease in live:
+            if lease.lost_reason is not None:
+                continue   # given up at its deadline while the answer was late
+            if (lease.id, lease.attempt) in renewed:
+                lease.renewed(sent_at)
+                result.renewed += 1
+            elif verdicts.get(lease.id) == ("done", lease.attempt):
+                # Completed by this very attempt (only its holder's fenced
+                # completion can do that) after the round read the leases:
+                # the lease ended as it should, nothing was lost, and there
+                # is nothing left to renew.
+                self.untrack(lease)
+                continue
+            else:
+                status, _attempt = verdicts.get(lease.id, (None, None))
+                reason = "cancelled" if status == "cancelled" else "renewal_rejected"
+                if lease.mark_lost(reason):
+                    result.add_lost(reason)
+        return result
+
+    def release(self, items: list[tuple[int, int, bool, str | None]]) -> int:
+        """Release jobs of dead workers, fenced: ``(id, attempt, reclaim,
+        error)`` each; with ``error`` the attempt is reported failed (retried
+        with backoff) instead.  Returns how many were still owned."""
+        done = 0
+        self._open()
+        with self._pool.connection() as conn:
+            for job_id, attempt, reclaim, error in items:
+                if error:
+                    row = conn.execute(q("fail_or_retry"), {"id": job_id, "attempt": attempt, "error": error,
+                                                            "traceback": None, "final": False,
+                                                            "backoff": 1.0}).fetchone()
+                    if row is not None:
+                        counter = metrics.JOBS_FAILED if row[0] == "failed" else metrics.JOBS_RETRIED
+                        counter.labels(row[1], row[2]).inc()
+                else:
+                    row = conn.execute(q("release"), {"id": job_id, "attempt": attempt, "reclaim": reclaim,
+                                                      "reason": "worker died" if reclaim else None}).fetchone()
+                    if row is not None:
+                        metrics.JOBS_RELEASED.labels(row[1], row[2]).inc()
+                done += row is not None
+        return done
+
+    def owned(self, owner: str) -> list[tuple[int, int]]:
+        """(id, attempt) of the running jobs claimed under ``owner``."""
+        self._open()
+        with self._pool.connection() as conn:
+            return [tuple(r) for r in conn.execute(q("owned_running"), {"owner": owner})]
+
+    @contextlib.contextmanager
+    def _expiring(self, leases: list[Lease], result: RenewResult) -> Iterator[None]:
+        """While the block runs, mark each lease lost at its deadline.
+
+        A round can block far longer than a lease: waiting for a connection
+        the pool cannot make, or for the answer to a statement that a broken
+        network never delivers.  The leases must still be given up on time.
+        """
+        stop = threading.Event()
+
+        def watch() -> None:
+            while True:
+                now = time.monotonic()
+                pending = []
+                for lease in leases:
+                    if lease.lost_reason is not None or not lease.enforce_deadline:
+                        continue
+                    if lease.expired(now):
+                        if lease.mark_lost("renewal_failed"):
+                            result.add_lost("renewal_failed")
+                    else:
+                        pending.append(lease.deadline)
+                if not pending or stop.wait(min(pending) - now):
+                    return
+
+        watcher = threading.Thread(target=watch, name="pgfence-heartbeat-deadlines", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            watcher.join()
+
+    # -- in-process thread ----------------------------------------------------
+
+    def _open(self) -> None:
+        if not self._opened:
+            self._pool.open(wait=False)
+            self._opened = True
+
+    def start(self) -> None:
+        """Run :meth:`run_once` every interval in a daemon thread."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="pgfence-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            # Cleared before the leases are read: a lease tracked from now on
+            # sets it again and cuts the wait below short.
+            self._wake.clear()
+            now = time.monotonic()
+            leases = self.tracked()
+            try:
+                self.run_once(leases, horizon=now + self.window(leases))
+            except Exception:  # noqa: BLE001 - the loop must survive anything
+                log.exception("heartbeat round crashed")
+            now = time.monotonic()
+            self._next_at = self.next_round(self.tracked(), now)
+            self._wake.wait(max(0.0, self._next_at - now))
+
+    def stop(self) -> None:
+        """Stop the thread (if any) and close the pool; idempotent."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(5.0, self.interval * 2))
+            self._thread = None
+        if self._opened:
+            self._pool.close(timeout=1.0)
+            self._opened = False

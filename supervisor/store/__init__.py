@@ -1,0 +1,2 @@
+"""The database seam: connections, the named SQL queries, migrations and
+the embedded server."""

@@ -1,0 +1,71 @@
+"""Applies the numbered migrations of ``sql/migrations`` in order.
+
+Idempotent: applied versions are recorded in ``pgfence.migrations``.  Safe
+when several processes migrate at once: everything runs in one transaction
+that first takes a transaction-level advisory lock, so the second migrator
+waits, then finds the work done.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib.resources.abc import Traversable
+
+import psycopg
+
+from pgfence.store import db
+from pgfence.store.queries import q, sql_files
+
+#: The advisory lock key that serialises migrators ("pgfence" in ASCII).
+LOCK_KEY = 0x7067666E6365
+
+_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    #: The file, read through importlib.resources (it may sit in a wheel).
+    path: Traversable
+
+    def sql(self) -> str:
+        return self.path.read_text(encoding="utf-8")
+
+
+def available() -> list[Migration]:
+    found = []
+    for file in sql_files("migrations"):
+        match = _FILE.match(file.name)
+        if not match:
+            raise ValueError(f"migration file name not NNNN_name.sql: {file.name}")
+        found.append(Migration(int(match.group(1)), match.group(2), file))
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise ValueError("two migrations share a version number")
+    return found
+
+
+def apply(conn: psycopg.Connection) -> list[Migration]:
+    """Apply the missing migrations; return those applied by this call."""
+    done: list[Migration] = []
+    with db.translated(), conn.transaction():
+        conn.execute(q("migrations_lock"), {"key": LOCK_KEY})
+        conn.execute(q("migrations_bootstrap"))
+        applied = {row[0] for row in conn.execute(q("migrations_applied"))}
+        for migration in available():
+            if migration.version in applied:
+                continue
+            conn.execute(migration.sql())
+            conn.execute(q("migrations_record"), {"version": migration.version, "name": migration.name})
+            done.append(migration)
+    return done
+
+
+def pending(conn: psycopg.Connection) -> list[Migration]:
+    """Migrations not yet applied (all of them when the schema is missing)."""
+    with db.translated():
+        exists = conn.execute(q("migrations_table_exists")).fetchone()[0]
+        applied = {r[0] for r in conn.execute(q("migrations_applied"))} if exists else set()
+    return [m for m in available() if m.version not in applied]

@@ -1,0 +1,73 @@
+"""Loads the named SQL blocks of ``sql/queries/*.sql`` once, into a dict.
+
+A block starts with ``-- name: NAME``, followed by comment lines that
+describe it, then the statement with ``%(param)s`` placeholders.  Keeping the
+SQL in files lets every query be read, reviewed and EXPLAINed as SQL.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+from importlib.resources.abc import Traversable
+
+from pgfence.errors import PgfenceError
+
+_NAME = re.compile(r"^--\s*name:\s*(\S+)\s*$")
+
+def sql_dir() -> Traversable:
+    """The folder holding ``migrations/`` and ``queries/``, as a Traversable.
+
+    The repository's ``sql/`` is the package ``pgfence.sql`` (mapped by
+    ``package-dir``), found through ``importlib.resources`` alone, in a wheel
+    and in an editable install alike.  Read it only through the Traversable
+    API (``joinpath``, ``iterdir``, ``read_text``), never through its text.
+    """
+    try:
+        return importlib.resources.files("pgfence.sql")
+    except ModuleNotFoundError:
+        raise PgfenceError("pgfence is installed without its SQL files (pgfence.sql): reinstall it") from None
+
+
+def sql_files(folder: str) -> list[Traversable]:
+    """The ``.sql`` files of ``sql/<folder>``, sorted by name."""
+    found = [f for f in sql_dir().joinpath(folder).iterdir() if f.name.endswith(".sql") and f.is_file()]
+    return sorted(found, key=lambda f: f.name)
+
+
+def parse(text: str) -> dict[str, str]:
+    """Split one ``.sql`` file into its named blocks."""
+    blocks: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        match = _NAME.match(line)
+        if match:
+            name = match.group(1)
+            if name in blocks:
+                raise ValueError(f"query {name!r} defined twice")
+            current = blocks[name] = []
+        elif current is not None:
+            current.append(line)
+    out = {}
+    for name, lines in blocks.items():
+        body = [ln for ln in lines if not ln.lstrip().startswith("--") or ln.strip() == ""]
+        sql = "\n".join(body).strip()
+        out[name] = sql[:-1] if sql.endswith(";") and sql.count(";") == 1 else sql
+    return out
+
+
+@functools.cache
+def all_queries() -> dict[str, str]:
+    queries: dict[str, str] = {}
+    for file in sql_files("queries"):
+        for name, sql in parse(file.read_text(encoding="utf-8")).items():
+            if name in queries:
+                raise ValueError(f"query {name!r} defined twice")
+            queries[name] = sql
+    return queries
+
+
+def q(name: str) -> str:
+    """The SQL text of the named query."""
+    return all_queries()[name]

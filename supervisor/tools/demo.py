@@ -1,0 +1,408 @@
+"""``pgfence demo``: the double run, without and with pgfence's protections.
+
+Three acts, each with an email API of its own (a :class:`MailSink` on
+loopback), a queue of its own and one ``send_receipt`` job, run by two real
+worker processes, demo-A and demo-B:
+
+1. Protections off (``pgfence work --unprotected``): nothing renews demo-A's
+   lease, so demo-B reclaims the job while demo-A still renders; both send
+   the email and both commit a receipt.  The email API gets two requests but
+   sends one email, thanks to the idempotency key.
+2. Protections on: demo-A's heartbeat renews its lease; one request, one
+   receipt, and demo-B never gets the job.
+3. demo-A is frozen (SIGSTOP) just after sending the email and before
+   committing its receipt, and stays frozen past its lease; demo-B reclaims
+   the job as attempt 2.  Resumed, demo-A commits: the fence (job id,
+   attempt) matches no row and its receipt insert is rolled back.  The job
+   renders only briefly here (at most half a lease): the pause, not the work,
+   outlasts the lease.
+
+The demo only adds rows (one job per act on a queue of its own, and the
+receipts its workers write) and counts by the ids of the jobs it enqueued,
+so it is safe on a database that holds other jobs.  It never prints the DSN
+(the workers get it through their environment, not their command line).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from pgfence.store import db
+from pgfence.store import migrate
+from pgfence.errors import ConfigError, SchemaMissing
+from pgfence.tools.mailsink import MailSink
+from pgfence.producer import enqueue
+from pgfence.store.queries import q
+
+TERMINAL = ("done", "failed", "cancelled")
+#: Seconds between two looks at the database while waiting.
+POLL = 0.05
+#: Seconds a worker may take to start and claim the job.
+STARTUP = 30.0
+#: Slack added to every deadline computed from the lease and render times.
+SLACK = 20.0
+#: Seconds a worker gets to exit after SIGTERM before it is killed.
+STOP_GRACE = 5.0
+
+_LOST = re.compile(r"job (\d+) attempt (\d+) lost its lease \((\w+)\)")
+
+
+@dataclass
+class Act:
+    number: int
+    label: str
+    #: What the story says the act ends with.
+    expected: dict[str, Any]
+    job_id: int | None = None
+    receipt_attempts: list[int] = field(default_factory=list)
+    requests: int = 0
+    sent: int = 0
+    status: str = "-"
+    attempt: int = 0
+    #: (attempt, reason) of every "lost its lease" warning the workers logged for the job.
+    lost: list[tuple[int, str]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    logs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def rejections(self) -> list[int]:
+        """The attempts whose completion the fence rejected."""
+        return [attempt for attempt, reason in self.lost if reason == "fence_rejected"]
+
+    def outcome(self) -> dict[str, Any]:
+        return {"receipts": sorted(self.receipt_attempts), "requests": self.requests, "sent": self.sent,
+                "status": self.status, "attempt": self.attempt, "lost": sorted(self.lost)}
+
+    def mismatches(self) -> list[str]:
+        got = self.outcome()
+        out = [f"{key} {got[key]!r}, expected {want!r}" for key, want in self.expected.items() if got[key] != want]
+        return self.problems + out
+
+    def cells(self) -> list[str]:
+        attempts = ",".join(map(str, self.receipt_attempts))
+        word = "attempt" if len(self.receipt_attempts) == 1 else "attempts"
+        receipts = f"{len(self.receipt_attempts)}" + (f" ({word} {attempts})" if attempts else "")
+        rejected = ",".join(map(str, self.rejections))
+        rejections = f"{len(self.rejections)}" + (f" (attempt {rejected})" if rejected else "")
+        return [self.label, str(self.job_id if self.job_id is not None else "-"), receipts,
+                str(self.requests), str(self.sent), f"{self.status}/{self.attempt}", rejections]
+
+
+HEADERS = ["act", "job", "receipts rows", "email requests", "emails sent", "job status/attempt",
+           "fence rejections"]
+
+
+def table(acts: list[Act]) -> str:
+    """The acts as columns separated by at least two spaces."""
+    rows = [HEADERS] + [act.cells() for act in acts]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADERS))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+class _Sink(MailSink):
+    """The email API, with a hook called on each POST before it is answered
+    (act 3 freezes the sender there, between its send and its commit)."""
+
+    def __init__(self) -> None:
+        super().__init__("127.0.0.1", 0)
+        self.on_post: Callable[[int | None], None] | None = None
+        sink = self
+        base = self.server.RequestHandlerClass
+
+        class Hooked(base):  # type: ignore[misc, valid-type]
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                hook = sink.on_post
+                if hook is not None:
+                    try:
+                        attempt = int(self.headers.get("X-Pgfence-Attempt") or "")
+                    except ValueError:
+                        attempt = None
+                    hook(attempt)
+                super().do_POST()
+
+        self.server.RequestHandlerClass = Hooked
+
+
+class _Worker:
+    """One ``pgfence work`` subprocess; its log goes to a file."""
+
+    def __init__(self, name: str, *, protected: bool, lease: float, queue: str,
+                 env: dict[str, str], log_path: Path):
+        self.name = name
+        self.log_path = log_path
+        args = [sys.executable, "-m", "pgfence", "work", "--name", name, "--queues", queue,
+                "--lease", repr(float(lease)), "--poll-interval", "0.2",
+                "--handlers", "pgfence.handlers.receipts", "--retention", "none", "--log-level", "INFO"]
+        if not protected:
+            args.append("--unprotected")
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(args, cwd=log_path.parent, env=env, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=log)
+
+    def pause(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc.returncode is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, deadline: float) -> None:
+        try:
+            self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def _worker_env(dsn: str, api_url: str) -> dict[str, str]:
+    """The caller's environment without pgfence settings (the demo sets its own)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGFENCE_") and k != "DATABASE_URL"}
+    env["PGFENCE_DSN"] = dsn
+    env["PGFENCE_EMAIL_API_URL"] = api_url
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class _Demo:
+    def __init__(self, dsn: str, lease: float, render: float, out: TextIO, workdir: Path):
+        self.dsn = dsn
+        self.lease = lease
+        self.render = render
+        self.out = out
+        self.workdir = workdir
+        self.tag = secrets.token_hex(3)
+        self.conn = db.connect(dsn, application_name="pgfence demo")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    # -- the database, by the demo's own job ids --------------------------------
+
+    def job(self, job_id: int) -> tuple[str, int, str | None]:
+        with db.translated():
+            row = self.conn.execute(q("demo_job"), {"id": job_id}).fetchone()
+        return row if row is not None else ("missing", 0, None)
+
+    def receipts(self, job_id: int) -> list[int]:
+        with db.translated():
+            return [r[0] for r in self.conn.execute(q("demo_receipts"), {"id": job_id})]
+
+    def settled(self, job_id: int) -> bool:
+        """Finished, and every attempt of it has committed its receipt."""
+        status, attempt, _owner = self.job(job_id)
+        return status in TERMINAL and len(self.receipts(job_id)) >= attempt
+
+    def wait(self, act: Act, what: str, condition: Callable[[], Any], timeout: float) -> Any:
+        """Poll ``condition`` until it is truthy; on the deadline record a problem and return None."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = condition()
+            if value:
+                return value
+            if time.monotonic() >= deadline:
+                act.problems.append(f"timed out after {timeout:.0f}s waiting for {what}")
+                self.say(f"  timed out waiting for {what}")
+                return None
+            time.sleep(POLL)
+
+    # -- one act ------------------------------------------------------------------
+
+    def act(self, act: Act, *, protected: bool, render: float,
+            script: Callable[[Act, _Sink, dict[str, _Worker], float], None],
+            on_sink: Callable[[_Sink, dict[str, _Worker]], None] | None = None) -> Act:
+        started = time.monotonic()
+        sink = _Sink().start()
+        workers: dict[str, _Worker] = {}
+        queue = f"pgfence-demo-{self.tag}-{act.number}"
+        env = _worker_env(self.dsn, sink.url)
+
+        def start(name: str) -> _Worker:
+            workers[name] = _Worker(name, protected=protected, lease=self.lease, queue=queue, env=env,
+                                    log_path=self.workdir / f"act{act.number}-{name}.log")
+            return workers[name]
+
+        try:
+            if on_sink is not None:
+                on_sink(sink, workers)
+            start("demo-A")
+            payload = {"order_id": f"demo-{self.tag}-{act.number}", "email": "customer@example.com",
+                       "amount_cents": 1250, "render_seconds": render}
+            act.job_id = job_id = enqueue(self.conn, "send_receipt", payload, queue=queue, max_attempts=5)
+            claimed = self.wait(act, "demo-A to claim the job",
+                                lambda: self.job(job_id)[::2] == ("running", "demo-A"), STARTUP)
+            if claimed:
+                claimed_at = time.monotonic()
+                self.say(f"  job {job_id} claimed by demo-A as attempt 1; demo-B starts")
+                start("demo-B")
+                script(act, sink, workers, claimed_at)
+        finally:
+            deadline = time.monotonic() + STOP_GRACE
+            for worker in workers.values():
+                worker.terminate()
+            for worker in workers.values():
+                worker.wait(deadline)
+            sink.stop()
+        if act.job_id is not None:
+            act.status, act.attempt, _owner = self.job(act.job_id)
+            act.receipt_attempts = self.receipts(act.job_id)
+        act.requests, act.sent = sink.requests, sink.sent
+        act.logs = {name: worker.log() for name, worker in workers.items()}
+        for text in act.logs.values():
+            for job_id, attempt, reason in _LOST.findall(text):
+                if int(job_id) == act.job_id:
+                    act.lost.append((int(attempt), reason))
+        act.seconds = time.monotonic() - started
+        self.say(f"  act {act.number} took {act.seconds:.1f}s")
+        return act
+
+    def act1(self) -> Act:
+        act = Act(1, "1 without renewal+fence",
+                  {"receipts": [1, 2], "requests": 2, "sent": 1, "status": "done", "attempt": 2, "lost": []})
+        self.say(f"act 1: protections off: no lease renewal, completion by job id alone "
+                 f"({self.lease:g}s lease, {self.render:g}s render)")
+
+        def script(act: Act, sink: _Sink, workers: dict[str, _Worker], claimed_at: float) -> None:
+            job_id = act.job_id
+            if self.wait(act, "demo-B to reclaim the job", lambda: self.job(job_id)[1] >= 2,
+                         self.lease + self.render + SLACK):
+                self.say(f"  nothing renewed the lease: demo-B reclaimed job {job_id} as attempt 2 "
+                         f"{time.monotonic() - claimed_at:.1f}s after the claim, while demo-A still renders")
+            if self.wait(act, "both attempts to finish", lambda: self.settled(job_id),
+                         self.lease + self.render + SLACK):
+                self.say(f"  both attempts sent the email and committed a receipt "
+                         f"(email API: {sink.requests} requests, {sink.sent} email sent)")
+
+        return self.act(act, protected=False, render=self.render, script=script)
+
+    def act2(self) -> Act:
+        act = Act(2, "2 with renewal+fence",
+                  {"receipts": [1], "requests": 1, "sent": 1, "status": "done", "attempt": 1, "lost": []})
+        self.say(f"act 2: protections on: lease renewed every {self.lease / 3:.2g}s, "
+                 f"completion fenced by (job id, attempt)")
+
+        def script(act: Act, sink: _Sink, workers: dict[str, _Worker], claimed_at: float) -> None:
+            job_id = act.job_id
+            if self.wait(act, "the job to finish", lambda: self.settled(job_id),
+                         self.lease + self.render + SLACK):
+                status, attempt, _owner = self.job(job_id)
+                self.say(f"  job {job_id} {status} as attempt {attempt} "
+                         f"{time.monotonic() - claimed_at:.1f}s after the claim "
+                         f"(email API: {sink.requests} request)")
+
+        return self.act(act, protected=True, render=self.render, script=script)
+
+    def act3(self) -> Act:
+        act = Act(3, "3 paused past its lease",
+                  {"receipts": [2], "requests": 2, "sent": 1, "status": "done", "attempt": 2,
+                   "lost": [(1, "fence_rejected")]})
+        render = min(self.render, self.lease / 2)
+        self.say(f"act 3: protections on, a {render:g}s render; demo-A freezes (SIGSTOP) after sending "
+                 f"the email, before committing")
+        paused = threading.Event()
+
+        def on_sink(sink: _Sink, workers: dict[str, _Worker]) -> None:
+            def freeze_sender(attempt: int | None) -> None:
+                # Runs in the email API before it answers attempt 1: demo-A has
+                # passed its last check() and waits for the response.
+                if attempt == 1 and not paused.is_set():
+                    workers["demo-A"].pause()
+                    paused.set()
+            sink.on_post = freeze_sender
+
+        def script(act: Act, sink: _Sink, workers: dict[str, _Worker], claimed_at: float) -> None:
+            job_id = act.job_id
+            worker_a = workers["demo-A"]
+            if not self.wait(act, "demo-A to send the email", paused.is_set, render + SLACK):
+                return
+            frozen_at = time.monotonic()
+            self.say("  demo-A sent the email and froze before committing its receipt")
+            reclaimed = self.wait(act, "demo-B to reclaim the job",
+                                  lambda: self.job(job_id)[1] >= 2, self.lease + SLACK)
+            if reclaimed:
+                self.say(f"  its lease ran out: demo-B reclaimed job {job_id} as attempt 2 "
+                         f"{time.monotonic() - frozen_at:.1f}s into the freeze")
+            worker_a.resume()
+            self.say("  demo-A resumes (SIGCONT) and tries to commit its receipt")
+
+            def a_done() -> bool:
+                status = self.job(job_id)[0]
+                a_rejected = re.search(rf"job {job_id} attempt 1 lost its lease", worker_a.log())
+                return status in TERMINAL and (a_rejected is not None or 1 in self.receipts(job_id))
+
+            if self.wait(act, "demo-A's commit and demo-B's attempt to end", a_done, render + SLACK):
+                if 1 in self.receipts(job_id):
+                    self.say("  demo-A's late receipt was committed")
+                else:
+                    self.say("  the fence rejected demo-A's late commit: its receipt insert was rolled back")
+
+        return self.act(act, protected=True, render=render, script=script, on_sink=on_sink)
+
+
+def check_options(lease: float, render: float) -> None:
+    """Refuse a lease and render time that cannot tell the story."""
+    if not lease > 0 or not render > 0:
+        raise ConfigError("invalid --lease/--render: must be positive")
+    if render < lease + 1:
+        raise ConfigError(f"invalid --render: the job must render at least a second longer than the lease "
+                          f"({lease:g}s) for the double run to happen, got {render:g}s")
+
+
+def run(dsn: str, *, lease: float = 3, render: float = 10, out: TextIO | None = None) -> int:
+    """Tell the story, print what happened, and return 0 when it went as told, else 1."""
+    out = out or sys.stdout
+    check_options(lease, render)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pgfence-demo-") as workdir:
+        demo = _Demo(dsn, float(lease), float(render), out, Path(workdir))
+        try:
+            if migrate.pending(demo.conn):
+                raise SchemaMissing("pgfence schema missing or out of date: run 'pgfence migrate'")
+            demo.say(f"pgfence demo on {db.redact(dsn)}: two workers, demo-A and demo-B")
+            acts = [demo.act1(), demo.act2(), demo.act3()]
+        finally:
+            demo.close()
+    elapsed = time.monotonic() - started
+    print(file=out)
+    print(table(acts), file=out)
+    print(file=out)
+    print("emails sent: distinct Idempotency-Keys; the email API answers a repeated key without sending again.",
+          file=out)
+    failed = [(act, act.mismatches()) for act in acts if act.mismatches()]
+    for act, problems in failed:
+        print(f"UNEXPECTED in act {act.number}: " + "; ".join(problems), file=out)
+        for name, text in act.logs.items():
+            tail = text.strip().splitlines()[-5:]
+            for line in tail:
+                print(f"  {name}: {line}", file=out)
+    if not failed:
+        print("as told: without the protections the receipt was committed twice; with them once, "
+              "even when the worker froze past its lease.", file=out)
+    print(f"demo took {elapsed:.1f}s", file=out, flush=True)
+    return 1 if failed else 0

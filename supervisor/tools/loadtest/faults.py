@@ -1,0 +1,219 @@
+"""Faults, injected at seeded random times while the jobs run.
+
+The schedule comes from ``random.Random(seed)``: faults are drawn in rounds,
+each round every enabled fault once in a random order, the gap before each
+drawn from half to one and a half of ``--fault-interval``; so the first
+round injects every enabled fault once, and the same seed gives the same
+sequence of faults, gaps and durations.  Which process or connection a
+fault hits depends on what is running at that moment (a second generator,
+seeded from the same seed, picks among them); a fault that finds nothing to
+hit is tried again a quarter second later.
+
+- ``stop``: SIGSTOP of a worker child (one running a job if any), for 1.5 to
+  2.5 leases, then SIGCONT;
+- ``kill``: SIGKILL of a worker child (one running a job if any);
+- ``kill-heartbeat``: SIGKILL of a supervisor's heartbeat manager;
+- ``terminate``: ``pg_terminate_backend`` of a quarter of the worker
+  connections (at least one) and of one heartbeat connection, chosen among
+  the backends that the proxy carries, so never anyone else's;
+- ``partition``: one proxy link cut (a supervisor's, or PgBouncer's) for 1.5
+  to 2.5 leases, then healed;
+- ``restart``: a fast restart of the server, only when the load test owns it
+  (``--embedded``); otherwise reported as skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from pgfence.store.queries import q
+from pgfence.tools.loadtest.fleet import Fleet
+from pgfence.tools.loadtest.proxy import Proxy
+from pgfence.tools.loadtest.server import Server
+
+WORKER_TITLE = re.compile(r"^pgfence worker (\d+) (idle|(\S+) job (\d+) attempt (\d+))$")
+RETRY = 0.25
+
+RESTART_SKIPPED = "the load test does not control the server (run with --embedded)"
+
+
+class Faults:
+    def __init__(self, faults: tuple[str, ...], *, seed: int, interval: float, lease: float, fleet: Fleet,
+                 proxy: Proxy, server: Server, link_names: list[str], clock_zero: float):
+        self.requested = faults
+        self.skipped = {"restart": RESTART_SKIPPED} if "restart" in faults and not server.controlled else {}
+        self.enabled = [f for f in faults if f not in self.skipped]
+        self.schedule = random.Random(f"pgfence-loadtest-faults:{seed}")
+        self.targets = random.Random(f"pgfence-loadtest-targets:{seed}")
+        self.interval = interval
+        self.lease = lease
+        self.fleet = fleet
+        self.proxy = proxy
+        self.server = server
+        self.link_names = link_names
+        self.zero = clock_zero
+        self.counts = {f: 0 for f in faults}
+        self.events: list[dict[str, Any]] = []
+        #: Backends ended by the terminate fault, by kind of connection.
+        self.terminated = {"worker": 0, "heartbeat": 0}
+        self._round: list[str] = []
+        self._next_at = clock_zero + self._gap()
+        self._undo: list[tuple[float, Callable[[], None]]] = []
+        self._stopped: set[int] = set()
+        self._conn: psycopg.Connection | None = None
+
+    def _gap(self) -> float:
+        return self.schedule.uniform(0.5, 1.5) * self.interval
+
+    def _span(self) -> float:
+        return round(self.schedule.uniform(1.5, 2.5) * self.lease, 3)
+
+    @property
+    def covered(self) -> bool:
+        """Every enabled fault was injected at least once."""
+        return all(self.counts[f] >= 1 for f in self.enabled)
+
+    # -- the loop's hook -----------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        for item in [u for u in self._undo if u[0] <= now]:
+            self._undo.remove(item)
+            item[1]()
+        if not self.enabled or now < self._next_at:
+            return
+        if not self._round:
+            self._round = self.schedule.sample(self.enabled, len(self.enabled))
+        fault = self._round[0]
+        target = getattr(self, "_" + fault.replace("-", "_"))(now)
+        if target is None:
+            self._next_at = now + RETRY
+            return
+        self._round.pop(0)
+        self.counts[fault] += 1
+        self.events.append({"t": round(now - self.zero, 3), "fault": fault, **target})
+        self._next_at = now + self._gap()
+
+    def finish(self) -> None:
+        """Undo what is still in effect: SIGCONT, heal."""
+        for _at, undo in sorted(self._undo, key=lambda u: u[0]):
+            undo()
+        self._undo.clear()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- targets -----------------------------------------------------------------------
+
+    def _worker(self) -> tuple[int, int, str] | None:
+        found = [(s.index, pid, t) for s in self.fleet.supervisors if s.alive()
+                 for pid, t in s.workers() if pid not in self._stopped]
+        busy = [w for w in found if " job " in w[2]]
+        pool = busy or found
+        return self.targets.choice(pool) if pool else None
+
+    @staticmethod
+    def _job_of(title: str) -> dict[str, Any]:
+        m = WORKER_TITLE.match(title)
+        if m and m.group(4):
+            return {"kind": m.group(3), "job": int(m.group(4)), "attempt": int(m.group(5))}
+        return {"job": None}
+
+    # -- the faults ----------------------------------------------------------------------
+
+    def _stop(self, now: float) -> dict | None:
+        picked = self._worker()
+        if picked is None:
+            return None
+        index, pid, title = picked
+        seconds = self._span()
+        _signal(pid, signal.SIGSTOP)
+        self._stopped.add(pid)
+
+        def resume() -> None:
+            _signal(pid, signal.SIGCONT)
+            self._stopped.discard(pid)
+
+        self._undo.append((now + seconds, resume))
+        return {"supervisor": index, "pid": pid, "seconds": seconds, **self._job_of(title)}
+
+    def _kill(self, now: float) -> dict | None:
+        picked = self._worker()
+        if picked is None:
+            return None
+        index, pid, title = picked
+        _signal(pid, signal.SIGKILL)
+        return {"supervisor": index, "pid": pid, **self._job_of(title)}
+
+    def _kill_heartbeat(self, now: float) -> dict | None:
+        found = [(s.index, s.heartbeat()) for s in self.fleet.supervisors if s.alive()]
+        found = [(i, pid) for i, pid in found if pid is not None]
+        if not found:
+            return None
+        index, pid = self.targets.choice(found)
+        _signal(pid, signal.SIGKILL)
+        return {"supervisor": index, "pid": pid}
+
+    def _control(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = self.server.connect()
+        return self._conn
+
+    def _terminate(self, now: float) -> dict | None:
+        ours = sorted(self.proxy.backend_pids())
+        if not ours:
+            return None
+        try:
+            rows = self._control().execute(
+                q("loadtest_backends"), {"pids": ours, "dbname": self.server.dbname}).fetchall()
+            workers = [(pid, start) for pid, start, app in rows if app.startswith("pgfence worker ")]
+            heartbeats = [(pid, start) for pid, start, app in rows if app == "pgfence heartbeat"]
+            if not workers and not heartbeats:
+                return None
+            chosen = [("worker", b) for b in
+                      (self.targets.sample(workers, max(1, len(workers) // 4)) if workers else [])]
+            chosen += [("heartbeat", b) for b in self.targets.sample(heartbeats, min(1, len(heartbeats)))]
+            ended = {"worker": 0, "heartbeat": 0}
+            for kind, (pid, start) in chosen:
+                # The same backend as seen above (pid and start time), or none.
+                row = self._control().execute(q("loadtest_terminate"), {"pid": pid, "started": start}).fetchone()
+                if row and row[0]:
+                    ended[kind] += 1
+        except psycopg.Error:
+            self._conn = None
+            return None
+        for kind, n in ended.items():
+            self.terminated[kind] += n
+        return {"workers": ended["worker"], "heartbeats": ended["heartbeat"]}
+
+    def _partition(self, now: float) -> dict | None:
+        links = [link.index for link in self.proxy.links if not link.cut]
+        if not links:
+            return None
+        index = self.targets.choice(links)
+        seconds = self._span()
+        self.proxy.partition(index)
+        self._undo.append((now + seconds, lambda: self.proxy.heal(index)))
+        return {"link": self.link_names[index], "seconds": seconds}
+
+    def _restart(self, now: float) -> dict | None:
+        started = time.monotonic()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self.server.restart()
+        return {"seconds": round(time.monotonic() - started, 3)}
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass

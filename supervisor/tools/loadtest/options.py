@@ -1,0 +1,157 @@
+"""The load test's options, validated into a :class:`Plan` before anything
+starts: a bad value is one ``pgfence: error:`` line and exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import secrets
+from dataclasses import dataclass
+
+from pgfence.errors import ConfigError
+from pgfence.settings import parse_duration
+from pgfence.tools.loadtest import mix as mix_mod
+
+#: Every fault, in the order the report lists them.
+FAULTS = ("stop", "kill", "kill-heartbeat", "terminate", "partition", "restart")
+DEFAULT_MIX = "noop=40,sleep=30,fail=10,effect=10,receipt=10"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", default="1000", help="jobs to enqueue (default 1000)")
+    p.add_argument("--supervisors", default="2", help="`pgfence run` processes (default 2)")
+    p.add_argument("--workers", default="4", help="worker children per supervisor (default 4)")
+    p.add_argument("--batch", default="1", help="jobs a worker claims per statement (default 1)")
+    p.add_argument("--mix", default=DEFAULT_MIX, help=f"job types and weights (default {DEFAULT_MIX})")
+    p.add_argument("--sleep-mean", default="0.5",
+                   help="mean seconds of sleep/effect/receipt jobs, exponentially distributed (default 0.5)")
+    p.add_argument("--sleep-max", default="5", help="longest such job in seconds (default 5)")
+    p.add_argument("--lease", default="5", help="the supervisors' lease in seconds (default 5)")
+    p.add_argument("--poll-interval", default="1", help="the supervisors' poll interval (default 1)")
+    p.add_argument("--faults", default="none",
+                   help=f"comma-separated faults to inject: {','.join(FAULTS)}, or all, or none (default none)")
+    p.add_argument("--fault-interval", default="5",
+                   help="mean seconds between faults, each drawn from half to one and a half of it (default 5)")
+    p.add_argument("--seed", help="seed of the job mix and the fault schedule (default: random, reported)")
+    p.add_argument("--timeout", default="600", help="seconds to wait for every job to end (default 600)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG chart of throughput and reclaims (needs matplotlib)")
+    p.add_argument("--progress", action="store_true", help="show the progress line even when stderr is no terminal")
+    p.add_argument("--pgbouncer", action="store_true",
+                   help="put a PgBouncer in transaction pooling in front of the server (workers poll)")
+    p.add_argument("--embedded", action="store_true",
+                   help="run against a throwaway embedded PostgreSQL (enables the restart fault)")
+    p.add_argument("--log-dir", help="keep the supervisors' logs here (default: a temp dir, removed)")
+    # UNSAFE, for the test that shows the audit catching a double commit:
+    # the supervisors run `pgfence run --unprotected` (no renewal, no fence).
+    p.add_argument("--unprotected", action="store_true", help=argparse.SUPPRESS)
+
+
+@dataclass(frozen=True)
+class Plan:
+    jobs: int
+    supervisors: int
+    workers: int
+    batch: int
+    weights: dict[str, int]
+    counts: dict[str, int]
+    sleep_mean: float
+    sleep_max: float
+    lease: float
+    poll_interval: float
+    faults: tuple[str, ...]
+    fault_interval: float
+    seed: int
+    timeout: float
+    json: bool
+    plot: str | None
+    progress: bool
+    pgbouncer: bool
+    embedded: bool
+    dsn: str | None
+    log_dir: str | None
+    unprotected: bool
+
+    def describe(self) -> dict:
+        return {
+            "jobs": self.jobs, "supervisors": self.supervisors, "workers": self.workers, "batch": self.batch,
+            "mix": dict(self.weights), "counts": dict(self.counts), "sleep_mean": self.sleep_mean, "sleep_max": self.sleep_max,
+            "lease": self.lease, "poll_interval": self.poll_interval, "faults": list(self.faults),
+            "fault_interval": self.fault_interval, "seed": self.seed, "timeout": self.timeout,
+            "pgbouncer": self.pgbouncer, "embedded": self.embedded, "unprotected": self.unprotected,
+        }
+
+
+def _whole(name: str, text: str, low: int, high: int) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ConfigError(f"invalid {name}: expected a whole number, got {text!r}") from None
+    if not low <= value <= high:
+        raise ConfigError(f"invalid {name}: must be from {low} to {high}, got {value}")
+    return value
+
+
+def _seconds(name: str, text: str, *, zero: bool = False) -> float:
+    value = parse_duration(name, text)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise ConfigError(f"invalid {name}: must be {'0 or more' if zero else 'a positive number of'} seconds, "
+                          f"got {text!r}")
+    return value
+
+
+def parse_faults(text: str) -> tuple[str, ...]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if names == ["all"]:
+        return FAULTS
+    if names in ([], ["none"]):
+        return ()
+    unknown = [n for n in names if n not in FAULTS]
+    if unknown:
+        raise ConfigError(f"invalid --faults: unknown fault {unknown[0]!r} (known: {', '.join(FAULTS)}, all, none)")
+    return tuple(f for f in FAULTS if f in names)
+
+
+def plan(args: argparse.Namespace) -> Plan:
+    """Validate every option; raise ConfigError (exit 2) on the first bad one."""
+    jobs = _whole("--jobs", args.jobs, 1, 10_000_000)
+    supervisors = _whole("--supervisors", args.supervisors, 1, 64)
+    workers = _whole("--workers", args.workers, 1, 512)
+    batch = _whole("--batch", args.batch, 1, 1000)
+    weights = mix_mod.parse(args.mix)
+    sleep_mean = _seconds("--sleep-mean", args.sleep_mean, zero=True)
+    sleep_max = _seconds("--sleep-max", args.sleep_max, zero=True)
+    if sleep_mean > sleep_max:
+        raise ConfigError(f"invalid --sleep-mean: {sleep_mean:g}s is longer than --sleep-max ({sleep_max:g}s)")
+    lease = _seconds("--lease", args.lease)
+    if lease < 0.5:
+        raise ConfigError(f"invalid --lease: must be at least 0.5 seconds, got {args.lease!r}")
+    poll_interval = _seconds("--poll-interval", args.poll_interval)
+    faults = parse_faults(args.faults)
+    fault_interval = _seconds("--fault-interval", args.fault_interval)
+    timeout = _seconds("--timeout", args.timeout)
+    if args.seed is None:
+        seed = secrets.randbelow(2**31)
+    else:
+        seed = _whole("--seed", args.seed, 0, 2**63 - 1)
+    if args.embedded and args.dsn:
+        raise ConfigError("give --embedded or --dsn, not both")
+    if args.pgbouncer:
+        from pgfence.tools.loadtest.pgbouncer import find
+
+        if find() is None:
+            raise ConfigError("--pgbouncer: no pgbouncer program found (Debian: apt-get install pgbouncer)")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401 - only whether it imports
+        except ImportError:
+            raise ConfigError("--plot needs matplotlib: pip install 'pgfence[loadtest]'") from None
+        folder = os.path.dirname(os.path.abspath(args.plot))
+        if not os.path.isdir(folder):
+            raise ConfigError(f"invalid --plot: no such directory {folder!r}")
+    return Plan(jobs=jobs, supervisors=supervisors, workers=workers, batch=batch, weights=weights,
+                counts=mix_mod.allocate(jobs, weights), sleep_mean=sleep_mean, sleep_max=sleep_max, lease=lease,
+                poll_interval=poll_interval, faults=faults, fault_interval=fault_interval, seed=seed,
+                timeout=timeout, json=args.json, plot=args.plot, progress=args.progress, pgbouncer=args.pgbouncer,
+                embedded=args.embedded, dsn=args.dsn, log_dir=args.log_dir, unprotected=args.unprotected)

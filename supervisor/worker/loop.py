@@ -1,0 +1,658 @@
+"""The worker: claims jobs, runs their handlers, completes them through the
+fence.
+
+One worker is one process with one connection.  In this module it runs on
+its own (``pgfence work``), with the heartbeat manager in a thread; the
+supervisor forks many of them and moves the heartbeat into a process of its
+own.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psycopg
+
+from pgfence.store import db
+from pgfence import errortext
+from pgfence.observe import metrics
+from pgfence import registry
+from pgfence.worker import retention
+from pgfence.errors import (DatabaseError, DatabaseUnavailable, LeaseLost, PayloadRejected, PgfenceError,
+                     TransactionConflict)
+from pgfence.renewal.renewer import HeartbeatManager, validate_heartbeat
+from pgfence.job import Job, RawJSON
+from pgfence.worker.lease import Lease
+from pgfence.store.queries import q
+from pgfence.settings import Settings
+
+log = logging.getLogger("pgfence.worker")
+
+#: Outcomes returned by Worker.run_job, also what the tests assert.
+DONE, RETRIED, FAILED, LOST, RELEASED = "done", "retried", "failed", "lost", "released"
+#: A job of a kind this worker does not know, handed back for another worker.
+PUT_BACK = "put_back"
+#: A job run but not yet completed: its completion is batched with others.
+DEFERRED = "deferred"
+#: Seconds a finished job may wait for its batched completion.
+DEFER_MAX = 0.1
+#: At most this many seconds (or a tenth of the lease) between two claims of
+#: a worker that also look for expired leases; the claims in between read
+#: queued jobs alone.
+RECLAIM_SCAN_INTERVAL = 1.0
+#: An idle worker that sleeps until the next run_at wakes this much later,
+#: so that the job is due by the database clock when the claim looks.
+RUN_AT_MARGIN = 0.005
+
+
+def default_name() -> str:
+    """``host:pid:instance``: the random instance id tells this worker from
+    one with the same host name and pid elsewhere (containers)."""
+    from pgfence.prefork.child import new_instance_id   # child imports this module lazily too
+
+    return f"{socket.gethostname()}:{os.getpid()}:{new_instance_id()}"
+
+
+@dataclass
+class Stats:
+    claimed: int = 0
+    reclaimed: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+    def add(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+
+class Worker:
+    """Claims and runs jobs from ``settings.queues``.
+
+    ``heartbeat`` is the manager that renews this worker's leases; when None
+    the worker starts its own in a thread.  ``on_job`` (if given) is called
+    with each job before and after it runs (the supervisor's process title).
+    """
+
+    def __init__(self, dsn: str, settings: Settings, *, name: str | None = None,
+                 heartbeat: HeartbeatManager | None = None,
+                 on_job: Callable[[Job | None], None] | None = None):
+        self.dsn = dsn
+        self.settings = settings
+        self.name = name or default_name()
+        self.stats = Stats()
+        self.on_job = on_job
+        self._stop = threading.Event()
+        self._conn: psycopg.Connection | None = None
+        self._listening = False
+        self._own_heartbeat = heartbeat is None and settings.renew
+        self.heartbeat = heartbeat
+        if self._own_heartbeat:
+            validate_heartbeat(settings.heartbeat, registry.specs())
+            self.heartbeat = HeartbeatManager(dsn, default_lease=settings.lease, interval=settings.heartbeat,
+                                              timeout_grace=settings.lost_lease_kill_after,
+                                              prepare=settings.prepare,
+                                              idle_in_transaction_timeout=settings.idle_in_transaction_timeout)
+        self._last_prune = time.monotonic()
+        #: When the next claim also looks for expired leases (monotonic).
+        self._next_reclaim_scan = 0.0
+        #: Handler run times of the batch in hand, observed at its end.
+        self._durations: dict[tuple[str, str], list[float]] | None = None
+        #: Unknown kinds already logged by this worker (once per kind).
+        self._unknown_logged: set[str] = set()
+        #: Jobs whose lease was lost to an outage and whose release the
+        #: database did not answer: released (fenced) at the next round.
+        self._unreleased: list[Job] = []
+
+    # -- connection -----------------------------------------------------------
+
+    @property
+    def conn(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            conn = db.connect(self.dsn, application_name=f"pgfence worker {self.name}",
+                              prepare=self.settings.prepare)
+            # A session idle inside a transaction past the timeout is ended
+            # by the server, so a worker frozen in a fenced() block does not
+            # hold its rows' locks for ever (see session_settings).
+            with db.translated(self.dsn):
+                conn.execute(q("session_settings"), {"idle_ms": self.settings.idle_in_transaction_ms})
+            # Listen before the first claim, so that no enqueue can fall
+            # between a claim that found nothing and the LISTEN.  Behind a
+            # transaction-pooling PgBouncer there is no session to listen
+            # on: the worker polls instead.
+            if self.settings.listen:
+                with db.translated(self.dsn):
+                    conn.execute("LISTEN pgfence_jobs")
+            self._conn = conn
+            self._listening = self.settings.listen
+        return self._conn
+
+    def connect_with_retry(self) -> bool:
+        """Connect, retrying with backoff while the database is unreachable
+        (a worker outlives a database restart); False if asked to stop first."""
+        delay = 0.1
+        while not self.stopping:
+            try:
+                self.conn  # noqa: B018 - opens the connection
+                return True
+            except DatabaseUnavailable as exc:
+                log.warning("worker %s cannot connect, retrying in %.1fs: %s", self.name, delay, exc)
+                self._stop.wait(delay)
+                delay = min(5.0, delay * 2)
+        return False
+
+    def close(self) -> None:
+        if self.heartbeat is not None and self._own_heartbeat:
+            self.heartbeat.stop()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- claim ----------------------------------------------------------------
+
+    def claim(self, batch: int | None = None) -> list[Job]:
+        """Claim up to ``batch`` jobs; return those to run (a reclaim past its
+        budget comes back failed and is not returned)."""
+        specs = registry.specs()
+        lease_kinds = [s.kind for s in specs if s.lease is not None]
+        lease_secs = [float(s.lease) for s in specs if s.lease is not None]
+        sent_at = time.monotonic()
+        # Expired leases are looked for about once a second, not on every
+        # claim: that scan reads every running job of the queues.
+        reclaim = sent_at >= self._next_reclaim_scan
+        if reclaim:
+            self._next_reclaim_scan = sent_at + min(RECLAIM_SCAN_INTERVAL, self.settings.lease / 10)
+        params = {
+            "queues": list(self.settings.queues),
+            "batch": batch or self.settings.batch,
+            "worker": self.name,
+            "lease": float(self.settings.lease),
+            "lease_kinds": lease_kinds,
+            "lease_secs": lease_secs,
+            "reclaim": reclaim,
+        }
+        with db.translated(self.dsn):
+            rows = self.conn.execute(q("claim"), params).fetchall()
+        # UPDATE ... RETURNING has no guaranteed order: run the batch in the
+        # claim order (priority DESC, run_at, id) whatever the plan.
+        rows.sort(key=lambda r: (-r[9], r[12], r[0]))
+        jobs = []
+        claimed: dict[tuple[str, str], int] = {}
+        waits: dict[tuple[str, str], list[float]] = {}
+        now = time.time()
+        for row in rows:
+            (job_id, queue, kind, payload, status, attempt, max_attempts, _reclaims, _max_reclaims,
+             _priority, dedupe_key, _created_at, run_at, last_error, prev_status, lease_left) = row
+            if prev_status == "running":
+                metrics.RECLAIMS.labels(queue, kind).inc()
+                self.stats.reclaimed += 1
+            if status == "failed":
+                log.warning("job %s (%s) attempt %s failed at claim: %s", job_id, errortext.one_line(kind), attempt,
+                            errortext.first_line(last_error or ""))
+                metrics.JOBS_FAILED.labels(queue, kind).inc()
+                self.stats.add(FAILED)
+                continue
+            claimed[queue, kind] = claimed.get((queue, kind), 0) + 1
+            self.stats.claimed += 1
+            spec = registry.find(kind)
+            seconds = (spec.lease if spec and spec.lease else self.settings.lease)
+            # Deadline and claimed_at from the send time, here and in the
+            # heartbeat's copy (which starts from claimed_at).
+            lease = Lease(job_id, attempt, seconds, queue, kind,
+                          deadline=sent_at + seconds, claimed_at=sent_at,
+                          timeout=(spec.timeout if spec and spec.timeout else self.settings.timeout),
+                          enforce_deadline=self.settings.renew)
+            if self.heartbeat is not None and self.settings.renew:
+                self.heartbeat.track(lease)
+            waits.setdefault((queue, kind), []).append(max(0.0, now - run_at.timestamp()))
+            jobs.append(Job(job_id, kind, queue, attempt, RawJSON(payload), lease, max_attempts, dedupe_key,
+                            conn=self.conn, fence=self.settings.fence))
+        for (queue, kind), count in claimed.items():   # once per batch, not per job
+            metrics.of(metrics.JOBS_CLAIMED, queue, kind).inc(count)
+            metrics.observe_many(metrics.of(metrics.JOB_WAIT, queue, kind), waits[queue, kind])
+        return jobs
+
+    # -- run one job ----------------------------------------------------------
+
+    def run_job(self, job: Job, deferred: list[Job] | None = None) -> str:
+        """Run one claimed job to its end and return the outcome.
+
+        With ``deferred``, a job whose handler wrote nothing through
+        ``fenced()`` is not completed here but appended to the list, still
+        holding its lease, for :meth:`complete_deferred` to complete with
+        others in one fenced statement.
+        """
+        if self.on_job:
+            self.on_job(job)
+        started = time.monotonic()
+        outcome = None
+        try:
+            outcome = self._run(job, deferred)
+        finally:
+            if self.heartbeat is not None and outcome != DEFERRED:
+                self.heartbeat.untrack(job.lease)
+            elapsed = time.monotonic() - started
+            if self._durations is not None:   # in a batch: observed together at its end
+                self._durations.setdefault((job.queue, job.kind), []).append(elapsed)
+            else:
+                metrics.of(metrics.JOB_DURATION, job.queue, job.kind).observe(elapsed)
+            if self.on_job:
+                self.on_job(None)
+        if outcome != DEFERRED:
+            self.stats.add(outcome)
+        return outcome
+
+    def complete_deferred(self, jobs: list[Job]) -> int:
+        """Complete many jobs in ONE statement, each fenced by its own
+        ``(id, attempt)``; a job the fence refuses lost its lease like any
+        other.  Returns how many were completed."""
+        if not jobs:
+            return 0
+        params = {"ids": db.array_literal(j.id for j in jobs), "attempts": db.array_literal(j.attempt for j in jobs)}
+        unavailable = False
+        try:
+            # A deadlock or serialization failure wrote nothing: run again at once.
+            done = db.retrying(lambda: {row[0] for row in self.conn.execute(q("complete_many"), params)},
+                               self.dsn, what="batched completion")
+        except DatabaseError as exc:
+            # Not known to be refused: the jobs stay running and are reclaimed
+            # when their leases run out.
+            log.warning("batched completion failed: %s", exc)
+            self._forget_connection(exc)
+            done, unavailable = set(), True
+        completed: dict[tuple[str, str], int] = {}
+        for job in jobs:
+            if self.heartbeat is not None:
+                self.heartbeat.untrack(job.lease)
+            if job.id in done:
+                job.completed = True
+                completed[job.queue, job.kind] = completed.get((job.queue, job.kind), 0) + 1
+                self.stats.add(DONE)
+            else:
+                if unavailable:
+                    job.lease.mark_lost("renewal_failed")
+                else:
+                    job._rejected()
+                self.stats.add(LOST)
+        for (queue, kind), count in completed.items():   # once per batch, not per job
+            metrics.of(metrics.JOBS_COMPLETED, queue, kind).inc(count)
+        jobs.clear()
+        return len(done)
+
+    def _run(self, job: Job, deferred: list[Job] | None = None) -> str:
+        spec = registry.find(job.kind)
+        if spec is None:
+            return self._put_back_unknown(job)
+        try:
+            # A job that waited behind others of its batch may have lost its
+            # lease meanwhile: it is not started.
+            job.check()
+            # Its timeout counts from here, not from the claim.
+            job.lease.started_at = time.monotonic()
+            if self.heartbeat is not None and self.settings.renew:
+                self.heartbeat.handler_started(job.lease)
+            result = spec.func(job)
+            if inspect.isawaitable(result) and not job.completed:
+                return self._refuse_awaitable(job, result)
+            if not job.completed:
+                if deferred is not None and job.fence:
+                    deferred.append(job)
+                    return DEFERRED
+                with job.fenced():
+                    pass
+        except LeaseLost as exc:
+            log.warning("job %s attempt %s lost its lease (%s); its writes were rolled back",
+                        job.id, job.attempt, exc.reason)
+            if exc.reason == "timeout":
+                # Still ours in the database: report the overrun as an error
+                # (fenced), so it is retried with backoff like any failure.
+                return self._fail(job, f"timed out after {job.lease.timeout:g}s", final=False)
+            if exc.reason in ("renewal_failed", "expired"):
+                # The database was out of reach, or nobody renewed the lease
+                # in time; if nobody took the job meanwhile, hand it back now
+                # rather than leave it to the reclaim scan.  A lease lost to
+                # an outage is not the job's fault: if the database is still
+                # out of reach, the release is tried again once it is back,
+                # before the reclaim scan of a worker can count it against
+                # max_reclaims.  The reason may be "expired" in an outage
+                # too (the deadline passed while the renewal that was to fail
+                # was still waiting for a connection): a release the
+                # database does not answer is retried either way.
+                self.release(job, retry_later=True)
+            return LOST
+        except PayloadRejected as exc:
+            return self._fail(job, f"payload rejected: {exc}", final=True, exc=exc)
+        except PgfenceError as exc:
+            if isinstance(exc, DatabaseUnavailable):
+                self._drop_connection()
+            return self._fail(job, f"{type(exc).__name__}: {exc}", final=False, exc=exc)
+        except Exception as exc:  # noqa: BLE001 - a handler may raise anything
+            return self._fail(job, f"{type(exc).__name__}: {db.first_line(exc)}", final=False, exc=exc)
+        metrics.JOBS_COMPLETED.labels(job.queue, job.kind).inc()
+        return DONE
+
+    def _refuse_awaitable(self, job: Job, result: object) -> str:
+        """A handler returned a coroutine (or another awaitable) that nothing
+        here would await: the work never ran, so the job fails instead of
+        being completed.  The registry refuses ``async def`` handlers; this
+        catches a synchronous function that returns an awaitable."""
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()   # no "coroutine was never awaited" warning
+        return self._fail(job, f"handler returned an awaitable ({type(result).__name__}) instead of running: "
+                               "pgfence runs handlers synchronously", final=True)
+
+    def backoff(self, attempt: int) -> float:
+        """Exponential backoff with jitter: half to all of base * 2**(attempt-1)."""
+        base = min(self.settings.backoff_max, self.settings.backoff_base * 2 ** max(0, attempt - 1))
+        return base * random.uniform(0.5, 1.0)
+
+    def _fail(self, job: Job, error: str, *, final: bool, exc: BaseException | None = None) -> str:
+        """Report a failed attempt through the fence (retry or fail), with
+        the traceback of ``exc`` if given, and log it at WARNING: kind, id,
+        attempt and the error's first line, escaped (never the payload)."""
+        backoff = self.backoff(job.attempt)
+        # The text comes from the handler: made storable (no NUL, no lone
+        # surrogate), or the report itself fails and the worker with it.
+        error = errortext.storable(error)[:2000]
+        params = {"id": job.id, "attempt": job.attempt, "error": error,
+                  "traceback": errortext.storable(errortext.format_traceback(exc)) if exc is not None else None,
+                  "final": final, "backoff": backoff}
+        try:
+            row = self._report_failure(job, params)
+        except DatabaseError as exc:
+            log.warning("job %s attempt %s: could not report its error (%s)", job.id, job.attempt, exc)
+            self._forget_connection(exc)
+            return LOST
+        except Exception as exc:  # noqa: BLE001 - a handler's error must never kill its worker
+            # Not reported: the job stays running and is reclaimed when its
+            # lease runs out, and this worker goes on with the next one.
+            log.error("job %s attempt %s: could not report its error: %s: %s", job.id, job.attempt,
+                      type(exc).__name__, errortext.first_line(str(exc)))
+            self._drop_connection()
+            return LOST
+        if row is None:
+            # The fence refused a stale attempt's report: the job has a new
+            # owner (or was cancelled) and its state must not be overwritten.
+            metrics.DOUBLE_RUN_PREVENTED.labels(job.queue, job.kind).inc()
+            job.lease.mark_lost("fence_rejected")
+            return LOST
+        status, _queue, _kind, spent, max_attempts = row
+        if status == "failed":
+            log.warning("job %s (%s) attempt %s failed for good (%s of %s attempts spent): %s",
+                        job.id, errortext.one_line(job.kind), job.attempt, spent, max_attempts,
+                        errortext.first_line(error))
+            metrics.JOBS_FAILED.labels(job.queue, job.kind).inc()
+            return FAILED
+        log.warning("job %s (%s) attempt %s failed, retrying in %.2fs (%s of %s attempts spent): %s",
+                    job.id, errortext.one_line(job.kind), job.attempt, backoff, spent, max_attempts,
+                    errortext.first_line(error))
+        metrics.JOBS_RETRIED.labels(job.queue, job.kind).inc()
+        return RETRIED
+
+    def _report_failure(self, job: Job, params: dict) -> tuple | None:
+        """Run ``fail_or_retry``; should the server refuse the error text
+        itself (a character the database encoding lacks, say), report the
+        failure again with a plain text instead, so the attempt is still
+        counted and the job retried or failed."""
+        def report(values: dict) -> tuple | None:
+            return db.retrying(lambda: self.conn.execute(q("fail_or_retry"), values).fetchone(), self.dsn,
+                               what="error report")
+
+        try:
+            return report(params)
+        except (DatabaseUnavailable, TransactionConflict):
+            raise
+        except (PgfenceError, psycopg.DataError) as exc:
+            log.warning("job %s attempt %s: its error text was refused (%s); reporting it without the text",
+                        job.id, job.attempt, errortext.first_line(str(exc)))
+            return report({**params, "error": "the handler's error message could not be stored", "traceback": None})
+
+    def _put_back_unknown(self, job: Job) -> str:
+        """Hand back (fenced) a job whose kind this worker does not know,
+        to be claimed again ``unknown_kind_delay`` seconds later, by a worker
+        that may know it; no attempt is spent.  Once the job is older than
+        ``unknown_kind_timeout`` it is failed instead."""
+        known = ", ".join(registry.kinds()) or "none"
+        error = (f"unknown job kind {job.kind!r}: no worker that claimed it knew it within "
+                 f"{self.settings.unknown_kind_timeout:g}s of its creation (known here: {known})")
+        params = {"id": job.id, "attempt": job.attempt, "delay": self.settings.unknown_kind_delay,
+                  "give_up": self.settings.unknown_kind_timeout, "error": error[:2000]}
+        try:
+            row = db.retrying(lambda: self.conn.execute(q("put_back_unknown"), params).fetchone(), self.dsn,
+                              what="put-back")
+        except DatabaseError as exc:
+            # Not known to be handed back: reclaimed once its lease runs out.
+            log.warning("job %s attempt %s: could not put it back (%s)", job.id, job.attempt, exc)
+            self._forget_connection(exc)
+            return LOST
+        if row is None:
+            metrics.DOUBLE_RUN_PREVENTED.labels(job.queue, job.kind).inc()
+            job.lease.mark_lost("fence_rejected")
+            return LOST
+        metrics.of(metrics.UNKNOWN_KIND, job.queue, job.kind).inc()
+        if row[0] == "failed":
+            log.warning("job %s (%s) attempt %s failed for good: %s", job.id, errortext.one_line(job.kind),
+                        job.attempt, errortext.first_line(error))
+            metrics.JOBS_FAILED.labels(job.queue, job.kind).inc()
+            return FAILED
+        if job.kind not in self._unknown_logged:
+            self._unknown_logged.add(job.kind)
+            log.warning("worker %s does not know job kind %s (queue %s): putting its jobs back for %gs "
+                        "each, for a worker that knows it, until they are %gs old (logged once per kind)",
+                        self.name, errortext.one_line(job.kind), errortext.one_line(job.queue),
+                        self.settings.unknown_kind_delay, self.settings.unknown_kind_timeout)
+        return PUT_BACK
+
+    def release(self, job: Job, *, reclaim: bool = False, reason: str | None = None,
+                retry_later: bool = False) -> bool:
+        """Hand a claimed job back to the queue (fenced); True if it was still
+        ours.  With ``retry_later``, a release the database did not answer
+        is tried again at the start of the next claim round."""
+        if self.heartbeat is not None:
+            self.heartbeat.untrack(job.lease)
+        params = {"id": job.id, "attempt": job.attempt, "reclaim": reclaim, "reason": reason}
+        try:
+            row = db.retrying(lambda: self.conn.execute(q("release"), params).fetchone(), self.dsn, what="release")
+        except DatabaseError as exc:
+            log.warning("job %s attempt %s: could not release it (%s)%s", job.id, job.attempt, exc,
+                        "; trying again once the database answers" if retry_later else "")
+            self._forget_connection(exc)
+            if retry_later:
+                self._unreleased.append(job)
+            return False
+        if row is not None:
+            metrics.JOBS_RELEASED.labels(job.queue, job.kind).inc()
+        return row is not None
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _forget_connection(self, exc: PgfenceError) -> None:
+        """After a failed statement: a broken connection is dropped (the
+        next use reconnects); one that only had a statement refused is kept."""
+        if isinstance(exc, DatabaseUnavailable) or (self._conn is not None and self._conn.closed):
+            self._drop_connection()
+
+    # -- the loop ---------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop claiming; the job running now is finished first."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run_once(self) -> int:
+        """Claim one batch and run it; return how many jobs were claimed.
+
+        In a batch, jobs whose handlers wrote nothing are completed together
+        in one fenced statement, at the end of the batch or, between jobs,
+        once the oldest has waited ``DEFER_MAX`` seconds.  Their leases stay
+        held (and renewed) until then, so the wait costs latency, never
+        safety; batches are for quick jobs.
+        """
+        pending, self._unreleased = self._unreleased, []
+        for job in pending:
+            if self.release(job, retry_later=True):
+                log.info("job %s attempt %s released after the outage that lost its lease", job.id, job.attempt)
+        if self._unreleased:
+            # Not released yet: no claim before, or this worker's own reclaim
+            # scan could take the job back as a reclaim the moment the
+            # database answers again, and count it against max_reclaims.
+            raise DatabaseUnavailable(f"{len(self._unreleased)} job(s) whose lease an outage lost are still to be "
+                                      "released; claiming after that")
+        jobs = self.claim()
+        if jobs:
+            # Work found: the next step is another claim, whose snapshot sees
+            # every enqueue notified so far, so those notifications can go.
+            # Unread, psycopg would keep them all (one per enqueue in any
+            # queue) as long as the worker stays busy.
+            self._drain_notifies()
+        deferred: list[Job] = []
+        oldest = 0.0
+        self._durations = {}
+        try:
+            for index, job in enumerate(jobs):
+                # Asked to stop: the job in hand runs, the rest go back.
+                if self.stopping and index > 0:
+                    for rest in jobs[index:]:
+                        if self.release(rest):
+                            self.stats.add(RELEASED)
+                    break
+                # A batch of one is deferred too: complete_many is then one
+                # autocommit statement instead of BEGIN, complete, COMMIT.
+                if self.run_job(job, deferred) == DEFERRED and len(deferred) == 1:
+                    oldest = time.monotonic()
+                if deferred and time.monotonic() - oldest >= DEFER_MAX:
+                    self.complete_deferred(deferred)
+        finally:
+            try:
+                self.complete_deferred(deferred)
+            finally:
+                durations, self._durations = self._durations, None
+                for (queue, kind), values in durations.items():
+                    metrics.observe_many(metrics.of(metrics.JOB_DURATION, queue, kind), values)
+        return len(jobs)
+
+    def run(self, *, burst: bool = False, max_jobs: int | None = None) -> Stats:
+        """Work until asked to stop (or, with ``burst``, until the queue is empty)."""
+        if self.heartbeat is not None and self._own_heartbeat:
+            self.heartbeat.start()
+        try:
+            while not self.stopping:
+                try:
+                    claimed = self.run_once()
+                except DatabaseError as exc:
+                    # Unreachable, or a claim refused (a statement timeout, a
+                    # conflict): wait, then claim again.
+                    log.warning("%s", exc)
+                    self._forget_connection(exc)
+                    self._stop.wait(self.settings.poll_interval)
+                    continue
+                self._maybe_prune()
+                # Put-backs ran nothing: they do not count as jobs.
+                if max_jobs is not None and sum(n for outcome, n in self.stats.outcomes.items()
+                                                if outcome != PUT_BACK) >= max_jobs:
+                    break
+                if claimed == 0:
+                    if burst:
+                        break
+                    self._wait_for_work()
+        finally:
+            self.close()
+        return self.stats
+
+    def idle_wait(self) -> float:
+        """Seconds an idle worker may sleep: until the earliest run_at still
+        to come among its queues' jobs (a delayed job, a retry's backoff) or
+        the earliest lease still to run out among their running jobs (a job
+        whose worker may have died), at most the poll interval.  When a lease
+        end comes first, the claim after the sleep looks for expired leases
+        whatever the reclaim scan's interval."""
+        params = {"queues": list(self.settings.queues)}
+        try:
+            with db.translated(self.dsn):
+                row = self.conn.execute(q("next_run_at"), params).fetchone()
+                until = row[0] if row else None
+                row = self.conn.execute(q("next_lease_end"), params).fetchone()
+                lease_end = row[0] if row else None
+        except DatabaseError as exc:
+            log.warning("worker %s cannot look up the next run_at: %s", self.name, exc)
+            self._forget_connection(exc)
+            return self.settings.poll_interval
+        wait = self.settings.poll_interval
+        if until is not None:
+            wait = min(wait, until + RUN_AT_MARGIN)
+        if lease_end is not None and lease_end + RUN_AT_MARGIN < wait:
+            wait = lease_end + RUN_AT_MARGIN
+            self._next_reclaim_scan = min(self._next_reclaim_scan, time.monotonic() + wait)
+        log.debug("worker %s idle: next run_at in %s, next lease end in %s, sleeping up to %.3fs", self.name,
+                  "none" if until is None else f"{until:.3f}s",
+                  "none" if lease_end is None else f"{lease_end:.3f}s", wait)
+        return wait
+
+    def _drain_notifies(self) -> int:
+        """Read and drop the notifications received so far (psycopg's
+        backlog and any waiting on the socket); returns how many.
+
+        No wake-up is lost: only a claim that found nothing is followed by a
+        wait, and a notification read here came from an enqueue committed
+        before the next claim starts, so that claim sees the job.  One that
+        arrives during that claim stays in the backlog and ends the wait at
+        once."""
+        if not self._listening or self._conn is None or self._conn.closed:
+            return 0
+        try:
+            return sum(1 for _ in self._conn.notifies(timeout=0))
+        except (psycopg.Error, OSError):
+            self._drop_connection()
+            return 0
+
+    def _wait_for_work(self) -> None:
+        """Sleep until the next run_at comes, a NOTIFY from an enqueue, the
+        poll interval, or a stop, whichever is first."""
+        wait = self.idle_wait()
+        if not self.settings.listen:
+            self._stop.wait(wait)
+            return
+        try:
+            conn = self.conn
+            if not self._listening:
+                conn.execute("LISTEN pgfence_jobs")
+                self._listening = True
+            deadline = time.monotonic() + wait
+            while not self.stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                # Short slices keep a stop request prompt.
+                woken = any(note.payload in self.settings.queues or not note.payload
+                            for note in conn.notifies(timeout=min(left, 0.25)))
+                if woken:
+                    # The claim that follows sees every enqueue notified so
+                    # far: the rest would each cost a claim for nothing.
+                    self._drain_notifies()
+                    return
+        except (psycopg.Error, OSError):
+            self._drop_connection()
+            self._stop.wait(min(1.0, self.settings.poll_interval))
+
+    def _maybe_prune(self) -> None:
+        if self.settings.retention is None:
+            return
+        if time.monotonic() - self._last_prune < self.settings.prune_interval:
+            return
+        self._last_prune = time.monotonic()
+        try:
+            retention.prune(self.conn, self.settings.retention)
+        except PgfenceError as exc:
+            log.warning("retention prune failed: %s", exc)
