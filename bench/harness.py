@@ -3,6 +3,7 @@ test, processes, and the one way every throughput run is measured (drain)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -65,10 +66,14 @@ class Pgfence:
     def queries(self) -> dict[str, str]:
         """The checkout's named SQL, split by its own loader."""
         if self._queries is None:
-            from pgfence.store.queries import parse
-            self._queries = {}
-            for path in sorted((self.root / "sql" / "queries").glob("*.sql")):
-                self._queries.update(parse(path.read_text()))
+            # Split by the loader of the pgfence under test, which lives in
+            # the project's interpreter, not in the benchmark's.
+            script = ("import json, sys, pathlib; from pgfence.store.queries import parse; out = {}\n"
+                      "for p in sorted(pathlib.Path(sys.argv[1]).glob('*.sql')): out.update(parse(p.read_text()))\n"
+                      "print(json.dumps(out))")
+            done = subprocess.run([str(self.python), "-c", script, str(self.root / "sql" / "queries")],
+                                  capture_output=True, text=True, check=True, env=self.env)
+            self._queries = json.loads(done.stdout)
         return self._queries
 
     def describe(self) -> str:
