@@ -474,8 +474,12 @@ def test_dockerfile_copies_what_the_package_build_needs():
             sources.update(shlex.split(args)[:-1])
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     needed = {"pyproject.toml", project["project"]["readme"]}
-    needed |= {p.split(".")[0] for p in project["tool"]["setuptools"]["packages"]}
-    needed |= {d.split("/")[0] for d in project["tool"]["setuptools"]["package-dir"].values()}
+    # Every folder a package is built from (package-dir maps pgfence and its
+    # subpackages onto the repository's supervisor/, handlers/ and sql/).
+    package_dir = project["tool"]["setuptools"]["package-dir"]
+    assert {p.split(".")[0] for p in project["tool"]["setuptools"]["packages"]} == {"pgfence"}
+    needed |= {d.split("/")[0] for d in package_dir.values()}
+    assert {"supervisor", "handlers", "sql"} <= needed
     assert needed <= sources, needed - sources
     for source in sources:
         assert (ROOT / source).exists(), source
