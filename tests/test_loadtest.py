@@ -142,7 +142,7 @@ def test_without_the_fence_the_audit_names_the_effects_committed_twice(backend, 
     assert effects["passed"] is False
     rows = conn.execute(
         "SELECT t.job_id, array_agg(t.id ORDER BY t.id), array_agg(t.attempt ORDER BY t.id), "
-        "array_agg(t.worker ORDER BY t.id) FROM pgfence.effects t JOIN pgfence.jobs j ON j.id = t.job_id "
+        "array_agg(t.worker ORDER BY t.id) FROM pgfence_examples.effects t JOIN pgfence.jobs j ON j.id = t.job_id "
         "WHERE j.queue = %s GROUP BY t.job_id HAVING count(*) > 1 ORDER BY t.job_id", (report["queue"],)).fetchall()
     assert rows, "the unprotected run committed no effect twice"
     assert effects["duplicates"] == [{"job": job, "rows": ids, "attempts": attempts, "workers": workers}

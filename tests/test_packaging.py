@@ -72,8 +72,8 @@ def run_installed(installed: Path, cwd: Path, *args: str, dsn: str | None = None
 def test_wheel_holds_the_sql_licence_and_entry_point(wheel):
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
-        entry_points = zf.read("pgfence-0.1.0.dist-info/entry_points.txt").decode()
-        metadata = zf.read("pgfence-0.1.0.dist-info/METADATA").decode()
+        entry_points = zf.read("pgfence-0.2.0.dist-info/entry_points.txt").decode()
+        metadata = zf.read("pgfence-0.2.0.dist-info/METADATA").decode()
     migrations = {f"pgfence/sql/migrations/{m.version:04d}_{m.name}.sql" for m in migrate.available()}
     queries = {f"pgfence/sql/queries/{p.name}" for p in (ROOT / "sql" / "queries").glob("*.sql")}
     assert migrations and migrations <= names, migrations - names
@@ -83,9 +83,9 @@ def test_wheel_holds_the_sql_licence_and_entry_point(wheel):
     assert not [n for n in names if n.startswith(("sql/", "tests/"))]
     # One import name: nothing at the top level but pgfence and its metadata
     # (supervisord's `supervisor` and a user's `handlers` stay theirs).
-    assert {n.split("/")[0] for n in names} == {"pgfence", "pgfence-0.1.0.dist-info"}
+    assert {n.split("/")[0] for n in names} == {"pgfence", "pgfence-0.2.0.dist-info"}
     assert "pgfence/py.typed" in names
-    assert "pgfence-0.1.0.dist-info/licenses/LICENSE" in names
+    assert "pgfence-0.2.0.dist-info/licenses/LICENSE" in names
     assert "License-Expression: MIT" in metadata
     assert "pgfence = pgfence.cli.main:main" in entry_points
 
