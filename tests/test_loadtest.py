@@ -110,7 +110,7 @@ def test_every_fault_against_a_database_it_does_not_own_passes_the_audit(backend
                     ("send_receipt", "done", 15), ("sleep", "done", 45)]
     assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE queue <> %s", (queue,)) == 0
     for table in ("effects", "receipts"):
-        per_job = conn.execute(f"SELECT t.job_id, count(*) FROM pgfence.{table} t JOIN pgfence.jobs j "
+        per_job = conn.execute(f"SELECT t.job_id, count(*) FROM pgfence_examples.{table} t JOIN pgfence.jobs j "
                                f"ON j.id = t.job_id WHERE j.queue = %s GROUP BY t.job_id", (queue,)).fetchall()
         assert len(per_job) == 15 and {n for _job, n in per_job} == {1}
     assert report["database"]["reclaims"] == scalar(

@@ -78,7 +78,8 @@ def test_wheel_holds_the_sql_licence_and_entry_point(wheel):
     queries = {f"pgfence/sql/queries/{p.name}" for p in (ROOT / "sql" / "queries").glob("*.sql")}
     assert migrations and migrations <= names, migrations - names
     assert queries and queries <= names, queries - names
-    assert {n for n in names if n.endswith(".sql")} == migrations | queries
+    # The example handlers' tables are theirs, next to them, not pgfence's.
+    assert {n for n in names if n.endswith(".sql")} == migrations | queries | {"pgfence/handlers/tables.sql"}
     # Nothing of the checkout's layout: no top-level sql/, no tests.
     assert not [n for n in names if n.startswith(("sql/", "tests/"))]
     # One import name: nothing at the top level but pgfence and its metadata
@@ -108,13 +109,14 @@ def test_installed_wheel_migrates_reports_and_works_outside_the_repository(insta
     ids = []
     for n in range(3):
         enqueued = run_installed(installed, tmp_path, "-m", "pgfence", "enqueue", "noop",
-                                 "--payload", json.dumps({"n": n}), dsn=empty_dsn)
+                                 "--handlers", "pgfence.handlers.builtin", "--payload", json.dumps({"n": n}),
+                                 dsn=empty_dsn)
         assert enqueued.returncode == 0, enqueued.stderr
         ids.append(int(enqueued.stdout))
     assert len(set(ids)) == 3
 
     worked = run_installed(installed, tmp_path, "-m", "pgfence", "work", "--burst", "--retention", "none",
-                           dsn=empty_dsn)
+                           "--handlers", "pgfence.handlers.builtin", dsn=empty_dsn)
     assert worked.returncode == 0, worked.stderr
 
     status = run_installed(installed, tmp_path, "-m", "pgfence", "status", "--json", dsn=empty_dsn)
