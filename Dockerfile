@@ -1,8 +1,8 @@
 # pgfence: `pgfence run` in a container.
 #
-#   docker build -t pgfence:0.1.0 .
+#   docker build -t pgfence:0.2.0 .
 #   docker run --rm --read-only --tmpfs /run/pgfence --tmpfs /tmp \
-#     --env-file pgfence.env --stop-timeout 45 -p 9464:9464 pgfence:0.1.0
+#     --env-file pgfence.env --stop-timeout 45 -p 9464:9464 pgfence:0.2.0
 #
 # PGFENCE_DSN comes from the environment at run time (--env-file, a Secret),
 # never from the image.  /run/pgfence holds the Prometheus multiprocess files:
@@ -22,7 +22,8 @@ COPY sql ./sql
 # install that wheel, not the source tree, so the image runs pgfence exactly
 # as `pip install pgfence` would lay it out.
 RUN /opt/pgfence/bin/pip wheel --no-deps --wheel-dir /dist .
-RUN /opt/pgfence/bin/pip install /dist/pgfence-0.1.0-py3-none-any.whl
+# The wheel is the only file in /dist; its name carries the version.
+RUN /opt/pgfence/bin/pip install /dist/pgfence-*.whl
 
 FROM python:3.11-slim
 # The same path as the systemd unit's /opt/pgfence venv.

@@ -56,12 +56,17 @@ class Pgfence:
                                 cwd=self.root, env=self.env)
 
     def migrate(self, dsn: str) -> None:
+        """pgfence's schema, then the example handlers' tables (the effect
+        jobs write one), which pgfence's migrations do not create."""
         subprocess.run(self.cmd("migrate", "--dsn", dsn), check=True, stdout=subprocess.DEVNULL,
                        cwd=self.root, env=self.env)
+        subprocess.run([str(self.python), "-m", "pgfence.handlers.tables", dsn], check=True,
+                       stdout=subprocess.DEVNULL, cwd=self.root, env=self.env)
 
     def run(self, dsn: str, workers: int, batch: int, logfile, *extra: str) -> subprocess.Popen:
         return self.popen(["run", "--dsn", dsn, "--workers", str(workers), "--batch", str(batch),
-                           "--metrics-port", "0", "--log-level", "WARNING", *extra], logfile)
+                           "--handlers", "pgfence.handlers.builtin", "--metrics-port", "0",
+                           "--log-level", "WARNING", *extra], logfile)
 
     def queries(self) -> dict[str, str]:
         """The checkout's named SQL, split by its own loader."""
@@ -159,7 +164,7 @@ def fill_pgfence(dsn: str, n: int, kind: str = "noop", payload: str = "{}") -> N
     """An empty pgfence table, then N queued jobs in one statement, vacuumed,
     analyzed and checkpointed, so every run starts from the same state."""
     execute(dsn,
-            "TRUNCATE pgfence.jobs, pgfence.effects, pgfence.receipts RESTART IDENTITY",
+            "TRUNCATE pgfence.jobs, pgfence_examples.effects, pgfence_examples.receipts RESTART IDENTITY",
             f"INSERT INTO pgfence.jobs (kind, payload) SELECT '{kind}', '{payload}'::jsonb "
             f"FROM generate_series(1, {int(n)})",
             "VACUUM ANALYZE pgfence.jobs",

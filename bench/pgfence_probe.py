@@ -32,7 +32,7 @@ LEASE = 600.0   # long enough that nothing expires while we measure
 
 def claim_leases(dsn: str, count: int) -> list[Lease]:
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
-        conn.execute("TRUNCATE pgfence.jobs, pgfence.effects RESTART IDENTITY")
+        conn.execute("TRUNCATE pgfence.jobs, pgfence_examples.effects RESTART IDENTITY")
         conn.execute("INSERT INTO pgfence.jobs (kind) SELECT 'noop' FROM generate_series(1, %s)", (count,))
         conn.execute("VACUUM ANALYZE pgfence.jobs")
         sent = time.monotonic()

@@ -409,8 +409,9 @@ class Bench:
     def bench_memory(self) -> None:
         log("memory: pgfence run --workers 4 (metrics endpoint on) after 4,000 no-op jobs")
         fill_pgfence(self.main_dsn, 4000)
-        proc = self.pgfence.popen(["run", "--dsn", self.main_dsn, "--workers", "4", "--metrics-port",
-                                   str(free_port()), "--log-level", "WARNING"], self.logfile("memory"))
+        proc = self.pgfence.popen(["run", "--dsn", self.main_dsn, "--workers", "4", "--handlers",
+                                   "pgfence.handlers.builtin", "--metrics-port", str(free_port()),
+                                   "--log-level", "WARNING"], self.logfile("memory"))
         try:
             with psycopg.connect(self.main_dsn, autocommit=True) as conn:
                 if not wait_for(lambda: not conn.execute(PGFENCE_PROBE.left).fetchone()[0], 60):

@@ -1,4 +1,9 @@
-"""Small handlers for tests, demos and load tests: noop, sleep, fail, effect."""
+"""Small handlers for tests, demos and load tests: noop, sleep, fail, effect.
+
+Like any handler module, this one uses only pgfence's public API.  The
+``effect`` kind writes to ``pgfence_examples.effects``, which
+:func:`pgfence.handlers.tables.create_tables` creates.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import os
 import time
 
 from pgfence import Job, PayloadRejected, handler
-from pgfence.store.queries import q
+from pgfence.handlers.tables import INSERT_EFFECT
 
 
 def _seconds(job: Job, default: float = 0.0) -> float:
@@ -53,5 +58,5 @@ def effect(job: Job) -> None:
     fence.  Two rows for one job would be a double run."""
     work_for(job, _seconds(job))
     with job.fenced_writes() as writes:
-        writes.execute(q("insert_effect"), {"job_id": job.id, "attempt": job.attempt,
-                                            "key": job.idempotency_key, "worker": str(os.getpid())})
+        writes.execute(INSERT_EFFECT, {"job_id": job.id, "attempt": job.attempt,
+                                       "key": job.idempotency_key, "worker": str(os.getpid())})

@@ -3,8 +3,9 @@
 It renders a receipt (simulated slow work, ``payload.render_seconds``), sends
 it through an HTTP email API with the job's idempotency key as the
 ``Idempotency-Key`` header, and records the receipt row through
-``job.fenced()``, so the row is committed only by the attempt that still owns
-the job.  The API's URL is the ``PGFENCE_EMAIL_API_URL`` setting.
+``job.fenced_writes()`` into ``pgfence_examples.receipts`` (see
+:mod:`pgfence.handlers.tables`), so the row is committed only by the attempt
+that still owns the job.  The API's URL is the ``PGFENCE_EMAIL_API_URL`` setting.
 
 Payload: ``{"order_id": "A-1", "email": "a@example.com", "amount_cents": 1250,
 "render_seconds": 2}``.
@@ -18,9 +19,8 @@ import urllib.error
 import urllib.request
 
 from pgfence import Job, PayloadRejected, handler
-from pgfence.store.queries import q
-
 from pgfence.handlers.builtin import work_for
+from pgfence.handlers.tables import INSERT_RECEIPT
 
 DEFAULT_URL = "http://127.0.0.1:8025/send"
 
@@ -63,7 +63,7 @@ def send_receipt(job: Job) -> None:
     job.check()                                              # last look before the effect
     status = send(job, payload)
     with job.fenced_writes() as writes:
-        writes.execute(q("insert_receipt"), {
+        writes.execute(INSERT_RECEIPT, {
             "job_id": job.id, "attempt": job.attempt, "key": job.idempotency_key,
             "order_id": str(payload["order_id"]), "email": str(payload["email"]),
             "amount_cents": payload.get("amount_cents"), "sent_status": status,

@@ -1,7 +1,8 @@
 """The ``@handler`` decorator and the registry of job kinds.
 
 Handler modules are found by import path (``--handlers mypkg.jobs,other``),
-so users keep their handlers outside this repository.  Importing a module
+so users keep their handlers outside this repository; none is loaded by
+default (``pgfence.handlers`` holds examples, loaded only when named).  Importing a module
 registers its handlers as a side effect of the decorators.  Like celery and
 gunicorn, :func:`load` imports from the current directory too.
 
@@ -23,10 +24,6 @@ from dataclasses import dataclass
 from pgfence import bounds
 from pgfence import names
 from pgfence.errors import ConfigError, HandlerImportError, UnknownHandler
-
-#: The modules loaded when no ``--handlers`` is given.
-DEFAULT_MODULES = ("pgfence.handlers.builtin", "pgfence.handlers.receipts")
-
 
 @dataclass(frozen=True)
 class HandlerSpec:

@@ -1,9 +1,16 @@
-"""Settings: documented defaults, validated at construction.
+"""Settings: each declared once, with documented defaults, validated at
+construction.
+
+Every setting is one field of :class:`Settings`, declared with
+:func:`setting`: its default, its converter, its help, the commands that take
+it.  The command-line options (``pgfence.cli.main``), the environment
+variables ``PGFENCE_<NAME>``, the TOML keys and the README's settings table
+(``python -m pgfence.settings_table``) all follow from that one declaration.
 
 Sources, later ones winning: the defaults below, an optional TOML file
-(``--config`` or ``PGFENCE_CONFIG``), environment variables ``PGFENCE_<NAME>``
-and the command line.  An invalid value raises :class:`ConfigError` with one
-line naming the setting.
+(``--config`` or ``PGFENCE_CONFIG``), environment variables and the command
+line.  An invalid value raises :class:`ConfigError` with one line naming the
+setting.
 """
 
 from __future__ import annotations
@@ -12,14 +19,13 @@ import dataclasses
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pgfence import bounds
 from pgfence import names
 from pgfence.errors import ConfigError
-from pgfence.registry import DEFAULT_MODULES
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -29,6 +35,14 @@ _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0
 IDLE_IN_TRANSACTION_MIN = 1.0
 IDLE_IN_TRANSACTION_MAX = 86400.0
 
+#: The commands that run workers; most settings belong to both.
+WORKER_COMMANDS = ("work", "run")
+
+#: A converter takes the setting's label (its name with dashes, for the error
+#: line) and a value as a source gives it (text from the environment or the
+#: command line, a TOML value), and returns the setting's value.
+Converter = Callable[[str, Any], Any]
+
 
 def idle_in_transaction_ms(seconds: float | None) -> str:
     """Seconds (None: off) as the milliseconds PostgreSQL's
@@ -36,70 +50,262 @@ def idle_in_transaction_ms(seconds: float | None) -> str:
     return "0" if seconds is None else str(max(1, int(seconds * 1000)))
 
 
+# -- converters ---------------------------------------------------------------------
+
+
+def _is_none(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value.strip().lower() in ("", "none"))
+
+
+def parse_duration(name: str, text: Any) -> float:
+    """Seconds from ``12``, ``1.5``, ``250ms``, ``30s``, ``5m``, ``2h`` or ``7d``."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        return float(text)
+    match = _DURATION.match(str(text))
+    if not match:
+        raise ConfigError(f"invalid {name}: expected seconds (like 30, 30s, 5m, 7d), got {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def duration(label: str, value: Any) -> float:
+    """A number of seconds; a value is required."""
+    if _is_none(value):
+        raise ConfigError(f"invalid {label}: a value is required")
+    return parse_duration(label, value)
+
+
+def whole(label: str, value: Any) -> int:
+    """A whole number (``3``, not ``3.0`` nor ``true``)."""
+    if _is_none(value):
+        raise ConfigError(f"invalid {label}: a value is required")
+    try:
+        if isinstance(value, float | bool):
+            raise ValueError
+        return int(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"invalid {label}: expected a whole number, got {value!r}") from None
+
+
+def text(label: str, value: Any) -> str:
+    """A string, as given."""
+    if _is_none(value):
+        raise ConfigError(f"invalid {label}: a value is required")
+    return str(value)
+
+
+def boolean(label: str, value: Any) -> bool:
+    """true/false, yes/no, on/off or 1/0."""
+    if isinstance(value, bool):
+        return value
+    if _is_none(value):
+        raise ConfigError(f"invalid {label}: a value is required")
+    lowered = str(value).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"invalid {label}: expected true or false, got {value!r}")
+
+
+def name_list(label: str, value: Any) -> tuple[str, ...]:
+    """Names, comma-separated in text or a TOML list; blanks dropped.  An
+    empty TOML list is an empty tuple (the setting's own check decides
+    whether that is allowed); empty text or none is a missing value."""
+    if _is_none(value):
+        raise ConfigError(f"invalid {label}: a value is required")
+    if isinstance(value, list | tuple):
+        return tuple(str(v).strip() for v in value if str(v).strip())
+    return tuple(v.strip() for v in str(value).split(",") if v.strip())
+
+
+def optional(convert: Converter) -> Converter:
+    """``convert``, except that ``none`` (or an empty value) means None."""
+
+    def convert_optional(label: str, value: Any) -> Any:
+        return None if _is_none(value) else convert(label, value)
+
+    convert_optional.__doc__ = f"{convert.__doc__} Or none."
+    convert_optional.__wrapped__ = convert   # type: ignore[attr-defined]
+    return convert_optional
+
+
+optional_duration = optional(duration)
+
+
+# -- the declaration ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """One setting as declared: everything that the parser, the loaders and
+    the README table need to know about it.
+
+    ``name`` is the field name (``poll_interval``); ``flag`` and ``env``
+    follow from it.  ``shown`` is the default as the help and the README
+    show it.  ``doc`` is the README's text, ``help`` the shorter ``--help``
+    one.  ``commands`` take the setting as a flag; a ``hidden`` setting is
+    set by code only (no flag, no environment variable, no TOML key).
+    """
+
+    name: str
+    convert: Converter
+    default: Any
+    help: str
+    doc: str
+    shown: str
+    commands: tuple[str, ...]
+    hidden: bool
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "PGFENCE_" + self.name.upper()
+
+    @property
+    def label(self) -> str:
+        """The name used in error lines (``invalid poll-interval: ...``)."""
+        return self.name.replace("_", "-")
+
+    @property
+    def is_boolean(self) -> bool:
+        return self.convert is boolean
+
+    @property
+    def metavar(self) -> str:
+        """The value's placeholder in ``--help``."""
+        base: Converter = getattr(self.convert, "__wrapped__", self.convert)
+        placeholders: dict[Converter, str] = {duration: "DURATION", whole: "N", name_list: "NAMES"}
+        return placeholders.get(base, "TEXT")
+
+    @property
+    def range(self) -> str | None:
+        """The documented range of a duration (pgfence.bounds), if it has one."""
+        return bounds.describe(self.name) if self.name in bounds.RANGES else None
+
+
+_META = "pgfence.setting"
+
+
+def setting(default: Any, convert: Converter, help: str, *, doc: str | None = None, shown: str | None = None,
+            commands: tuple[str, ...] = WORKER_COMMANDS, hidden: bool = False) -> Any:
+    """Declare a :class:`Settings` field: its default and how it is read.
+
+    The return value is a dataclass field; the field's name completes the
+    declaration (see :data:`DECLARATIONS`).
+    """
+    meta = {"convert": convert, "help": help, "doc": doc or help, "shown": shown, "commands": commands,
+            "hidden": hidden}
+    return field(default=default, metadata={_META: meta})
+
+
+def _shown(convert: Converter, default: Any) -> str:
+    """The default as the help and the README write it."""
+    if default is None:
+        return "none"
+    if isinstance(default, bool):
+        return "true" if default else "false"
+    if isinstance(default, tuple):
+        return ",".join(default) or "none"
+    if isinstance(default, float) and convert in (duration, optional_duration):
+        return bounds.human(default)
+    return str(default)
+
+
+
 @dataclass(frozen=True)
 class Settings:
-    #: Queues this worker claims from.
-    queues: tuple[str, ...] = ("default",)
-    #: Lease length in seconds (a handler's ``lease`` option wins for its kind).
-    lease: float = 30.0
-    #: Renewal interval in seconds; None means a third of the lease.
-    heartbeat: float | None = None
-    #: Jobs claimed per claim statement.
-    batch: int = 1
-    #: Seconds between polls when no NOTIFY arrives.
-    poll_interval: float = 5.0
-    #: Default handler timeout in seconds (None: no timeout).
-    timeout: float | None = None
-    #: Retry backoff: base * 2**(attempt-1) seconds, capped, with jitter.
-    backoff_base: float = 1.0
-    backoff_max: float = 300.0
-    #: A worker that claims a job of a kind it does not know (a rolling
-    #: deploy: a worker that knows it may not be up yet) puts it back, to be
-    #: claimed again no sooner than this many seconds later; no attempt is
-    #: spent.
-    unknown_kind_delay: float = 30.0
-    #: Seconds from a job's creation after which a worker that does not know
-    #: its kind fails it (unknown job kind) instead of putting it back.
-    unknown_kind_timeout: float = 3600.0
-    #: Finished jobs older than this many seconds are deleted (None: kept).
-    retention: float | None = 7 * 86400.0
-    #: Seconds between retention runs inside the worker system.
-    prune_interval: float = 60.0
-    #: Handler modules to import, by dotted path.
-    handlers: tuple[str, ...] = DEFAULT_MODULES
-    #: Worker processes under ``pgfence run``.
-    workers: int = 2
-    #: Seconds a SIGTERM drain waits for running jobs.
-    graceful_timeout: float = 30.0
-    #: Seconds a child may keep running a job whose lease is lost.
-    lost_lease_kill_after: float = 5.0
-    #: Seconds a worker's or the heartbeat's connection may sit idle inside
-    #: a transaction (a handler's fenced() block waiting on Python, a host
-    #: frozen or cut off mid-transaction) before the server ends its session
-    #: and frees the rows it locked; 1s to 1 day, or none to keep the
-    #: server's setting.  A handler must not leave its fenced() transaction
-    #: idle this long.
-    idle_in_transaction_timeout: float | None = 60.0
-    #: Where ``pgfence run`` serves /metrics, /healthz and /readyz (port 0: nowhere).
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = 9464
-    #: Prometheus multiprocess files (default: $RUNTIME_DIRECTORY/metrics or a temp dir).
-    metrics_dir: str | None = None
-    #: Wake idle workers with LISTEN/NOTIFY; off behind a transaction-pooling
-    #: PgBouncer, where workers poll every poll_interval instead.
-    listen: bool = True
-    #: Prepare the worker's and the heartbeat's statements on the server
-    #: (they run thousands of times); off behind a transaction-pooling
-    #: PgBouncer, which cannot keep a prepared statement on one server
-    #: connection (before 1.21, or without max_prepared_statements).
-    prepare: bool = True
-    #: Renew leases and fence completions.  Only ``pgfence demo`` turns
-    #: these off, to show what goes wrong without them.
-    renew: bool = field(default=True, metadata={"hidden": True})
-    fence: bool = field(default=True, metadata={"hidden": True})
+    queues: tuple[str, ...] = setting(
+        ("default",), name_list, "comma-separated queues to claim from")
+    lease: float = setting(
+        30.0, duration, "lease length (a handler's lease option wins for its kind)")
+    heartbeat: float | None = setting(
+        None, optional_duration, "renewal interval",
+        doc="renewal interval; unset, each lease (a kind's own `lease` included) is renewed once a third of "
+            "it has passed; set, it must be shorter than the lease and at most half of every handler's "
+            "`lease` (else `run`/`work` refuse to start)",
+        shown="a third of each lease")
+    batch: int = setting(1, whole, "jobs claimed per claim statement")
+    poll_interval: float = setting(
+        5.0, duration, "longest idle sleep without a NOTIFY",
+        doc="longest idle sleep; an enqueue wakes idle workers at once through NOTIFY, and a worker wakes by "
+            "itself when the next delayed job or retry of its queues is due, and when the earliest lease of "
+            "its queues' running jobs runs out (so the job of a dead worker is reclaimed within about a "
+            "second of its lease's end)")
+    timeout: float | None = setting(
+        None, optional_duration, "default handler timeout",
+        doc="default handler timeout, a hard limit: see \"Writing handlers\" (a handler's `timeout` and "
+            "`lease` options take the same ranges)")
+    backoff_base: float = setting(
+        1.0, duration, "retry backoff: base * 2**(attempt-1) seconds, with jitter",
+        doc="retry backoff: `backoff_base` * 2**(attempt-1), with jitter, capped at `backoff_max`")
+    backoff_max: float = setting(300.0, duration, "the longest retry backoff")
+    # A worker that claims a job of a kind it does not know (a rolling deploy:
+    # a worker that knows it may not be up yet) puts it back; no attempt is
+    # spent.
+    unknown_kind_delay: float = setting(
+        30.0, duration, "how long a job of a kind this worker does not know, put back, waits",
+        doc="a job of a kind the worker does not know is put back, to run no sooner than this later (no "
+            "attempt spent)")
+    unknown_kind_timeout: float = setting(
+        3600.0, duration, "age at which a job of a kind this worker does not know fails instead",
+        doc="age, from its creation, at which a job of a kind the worker does not know fails (unknown job "
+            "kind) instead of being put back")
+    retention: float | None = setting(
+        7 * 86400.0, optional_duration, "delete finished jobs older than this",
+        doc="finished jobs older than this are deleted by the worker every `prune_interval` (`pgfence prune "
+            "--retention` too); none keeps them")
+    prune_interval: float = setting(60.0, duration, "time between two deletions of old finished jobs")
+    handlers: tuple[str, ...] = setting(
+        (), name_list, "comma-separated handler modules to import; run and work need one",
+        doc="handler modules, imported with the current directory first on `sys.path`; `run` and `work` "
+            "need at least one. `pgfence enqueue` reads it too, to check the kind and apply its options",
+        commands=("work", "run", "enqueue"))
+    workers: int = setting(2, whole, "worker processes", commands=("run",))
+    graceful_timeout: float = setting(
+        30.0, duration, "how long a SIGTERM drain waits for running jobs", commands=("run",))
+    lost_lease_kill_after: float = setting(
+        5.0, duration, "how long a worker may keep running a job whose lease is lost before it is killed",
+        commands=("run",))
+    # A handler must not leave its fenced() transaction idle this long: the
+    # server would end its session.
+    idle_in_transaction_timeout: float | None = setting(
+        60.0, optional_duration, "the server ends a session idle in a transaction this long",
+        doc="the server ends a worker's or the heartbeat's session left idle inside a transaction this "
+            "long (a worker frozen or cut off in a `fenced()` block or before its COMMIT), freeing the rows "
+            "it locked; see \"Writing handlers\"; 1s to 1d, or none (the server's setting)")
+    metrics_host: str = setting(
+        "127.0.0.1", text, "address of /metrics, /healthz and /readyz", commands=("run",))
+    metrics_port: int = setting(9464, whole, "port of /metrics, /healthz and /readyz; 0: none", commands=("run",))
+    metrics_dir: str | None = setting(
+        None, optional(text), "a new or empty directory for the processes' metric files",
+        doc="a new or empty directory for the processes' Prometheus metric files (pgfence's own: its "
+            "files there are deleted at start)",
+        shown="$RUNTIME_DIRECTORY/metrics, else a temporary directory", commands=("run",))
+    # Off behind a transaction-pooling PgBouncer, where workers poll every
+    # poll_interval instead.
+    listen: bool = setting(
+        True, boolean, "wake idle workers with LISTEN/NOTIFY (--no-listen: poll, for PgBouncer in "
+                       "transaction pooling)",
+        doc="idle workers wait on `LISTEN pgfence_jobs`; `--no-listen` polls every `poll_interval` instead "
+            "(PgBouncer in transaction pooling)")
+    # The worker's and the heartbeat's statements run thousands of times.  A
+    # transaction-pooling PgBouncer cannot keep a prepared statement on one
+    # server connection (before 1.21, or without max_prepared_statements).
+    prepare: bool = setting(
+        True, boolean, "prepare statements on the server (--no-prepare: for PgBouncer in transaction "
+                       "pooling)",
+        doc="the worker's and the heartbeat's statements are prepared on the server; `--no-prepare` for "
+            "PgBouncer in transaction pooling")
+    # Renew leases and fence completions.  Only `--unprotected` (the demo)
+    # turns these off, to show what goes wrong without them.
+    renew: bool = setting(True, boolean, "renew leases", hidden=True)
+    fence: bool = setting(True, boolean, "fence completions", hidden=True)
 
     def __post_init__(self) -> None:
-        # Every duration within its documented range (supervisor.bounds).
+        # Every duration within its documented range (pgfence.bounds).
         for name in bounds.RANGES:
             value = getattr(self, name)
             if value is not None or name not in ("heartbeat", "timeout", "retention"):
@@ -139,48 +345,23 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
-def parse_duration(name: str, text: Any) -> float:
-    """Seconds from ``12``, ``1.5``, ``250ms``, ``30s``, ``5m``, ``2h`` or ``7d``."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        return float(text)
-    match = _DURATION.match(str(text))
-    if not match:
-        raise ConfigError(f"invalid {name}: expected seconds (like 30, 30s, 5m, 7d), got {text!r}")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+def _declare(f: dataclasses.Field[Any]) -> Declaration:
+    meta = f.metadata[_META]
+    return Declaration(name=f.name, convert=meta["convert"], default=f.default, help=meta["help"],
+                       doc=meta["doc"], shown=meta["shown"] or _shown(meta["convert"], f.default),
+                       commands=meta["commands"], hidden=meta["hidden"])
 
 
-def _convert(name: str, kind: Any, value: Any) -> Any:
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
-        if "None" in str(kind):
-            return None
-        raise ConfigError(f"invalid {name}: a value is required")
-    text = str(kind)
-    if text.startswith("str"):
-        return str(value)
-    if "tuple" in text:
-        if isinstance(value, list | tuple):
-            return tuple(str(v).strip() for v in value if str(v).strip())
-        return tuple(v.strip() for v in str(value).split(",") if v.strip())
-    if "bool" in text:
-        if isinstance(value, bool):
-            return value
-        lowered = str(value).strip().lower()
-        if lowered in ("1", "true", "yes", "on"):
-            return True
-        if lowered in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"invalid {name}: expected true or false, got {value!r}")
-    if "int" in text and "float" not in text:
-        try:
-            if isinstance(value, float) or isinstance(value, bool):
-                raise ValueError
-            return int(str(value).strip())
-        except ValueError:
-            raise ConfigError(f"invalid {name}: expected a whole number, got {value!r}") from None
-    return parse_duration(name, value)
+#: Every setting, in declaration order, by name.
+DECLARATIONS: dict[str, Declaration] = {f.name: _declare(f) for f in dataclasses.fields(Settings)}
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+def for_command(command: str) -> list[Declaration]:
+    """The settings that ``pgfence COMMAND`` takes as flags."""
+    return [d for d in DECLARATIONS.values() if command in d.commands and not d.hidden]
+
+
+# -- sources ------------------------------------------------------------------------
 
 
 def from_mapping(values: Mapping[str, Any], source: str, base: Settings | None = None) -> Settings:
@@ -188,21 +369,16 @@ def from_mapping(values: Mapping[str, Any], source: str, base: Settings | None =
     changes = {}
     for raw_name, value in values.items():
         name = raw_name.replace("-", "_")
-        if name not in _FIELDS:
+        declared = DECLARATIONS.get(name)
+        if declared is None or declared.hidden:
             raise ConfigError(f"unknown setting {raw_name!r} in {source}")
-        changes[name] = _convert(name.replace("_", "-"), _FIELDS[name].type, value)
+        changes[name] = declared.convert(declared.label, value)
     return dataclasses.replace(base or Settings(), **changes)
 
 
 def from_env(env: Mapping[str, str]) -> dict[str, str]:
-    out = {}
-    for name, f in _FIELDS.items():
-        if f.metadata.get("hidden"):
-            continue
-        key = "PGFENCE_" + name.upper()
-        if key in env:
-            out[name] = env[key]
-    return out
+    """The ``PGFENCE_<NAME>`` variables of ``env`` that name a setting."""
+    return {d.name: env[d.env] for d in DECLARATIONS.values() if not d.hidden and d.env in env}
 
 
 def from_toml(path: str) -> dict[str, Any]:
@@ -219,7 +395,8 @@ def from_toml(path: str) -> dict[str, Any]:
 
 def load(cli: Mapping[str, Any], env: Mapping[str, str] | None = None,
          config_path: str | None = None) -> Settings:
-    """Defaults < TOML file < environment < command line."""
+    """Defaults < TOML file < environment < command line (``cli``: the
+    values given, None for the flags left out)."""
     env = os.environ if env is None else env
     settings = Settings()
     path = config_path or env.get("PGFENCE_CONFIG")

@@ -8,7 +8,8 @@ Every test that takes ``dsn`` runs against each backend in
 - ``embedded``: pgfence's embedded PostgreSQL 18, started once per session
   in a temporary folder and stopped at the end.
 
-A migrated template database is made once per backend; each test gets its
+A migrated template database, with the example handlers' tables, is made
+once per backend; each test gets its
 own copy (``CREATE DATABASE ... TEMPLATE``) and it is dropped afterwards.
 """
 
@@ -28,9 +29,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from pgtools import admin_connect, with_dbname  # noqa: E402
 from pgfence import registry as _registry  # noqa: E402
 
-# The bundled handlers are registered once for the whole session, so that the
+# The example handlers are registered once for the whole session, so that the
 # per-test registry reset below keeps them (a module is imported only once).
-_registry.load(_registry.DEFAULT_MODULES)
+_registry.load(["pgfence.handlers.builtin", "pgfence.handlers.receipts"])
 
 BACKENDS = [b.strip() for b in os.environ.get("PGFENCE_TEST_BACKENDS", "server,embedded").split(",") if b.strip()]
 SERVER_DSN = os.environ.get("PGFENCE_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -67,10 +68,14 @@ def backend(request):
     with admin_connect(admin_dsn) as conn:
         conn.execute(f'CREATE DATABASE "{template}"')
     try:
+        from pgfence.handlers.tables import create_tables
         from pgfence.store import migrate
 
         with psycopg.connect(with_dbname(admin_dsn, template), autocommit=True) as conn:
             migrate.apply(conn)
+            # The example handlers' tables (the effect and send_receipt kinds
+            # write there), which pgfence's migrations do not create.
+            create_tables(conn)
         yield name, admin_dsn, template
     finally:
         with admin_connect(admin_dsn) as conn:

@@ -8,7 +8,7 @@ import os
 import time
 
 from pgfence import handler
-from pgfence.store.queries import q
+from pgfence.handlers.tables import INSERT_EFFECT
 
 
 @handler("stubborn")
@@ -18,8 +18,8 @@ def stubborn(job):
     meets the fence itself."""
     seconds = float(job.payload.get("seconds", 0))
     with job.fenced() as conn:
-        conn.execute(q("insert_effect"), {"job_id": job.id, "attempt": job.attempt,
-                                          "key": job.idempotency_key, "worker": str(os.getpid())})
+        conn.execute(INSERT_EFFECT, {"job_id": job.id, "attempt": job.attempt,
+                                     "key": job.idempotency_key, "worker": str(os.getpid())})
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             time.sleep(0.01)

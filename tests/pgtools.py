@@ -49,6 +49,10 @@ def env_for(dsn: str | None = None, **extra: str) -> dict[str, str]:
     # Runs in tests serve no metrics endpoint unless they ask for one, so that
     # many can run at once without fighting over port 9464.
     env["PGFENCE_METRICS_PORT"] = "0"
+    # pgfence loads no handler module by default; the tests' workers and
+    # producers load the utility kinds (noop, sleep, fail, effect) unless a
+    # test names other modules (a flag wins over this) or removes it.
+    env["PGFENCE_HANDLERS"] = "pgfence.handlers.builtin"
     env.update(extra)
     return env
 

@@ -20,7 +20,7 @@ from pgtools import env_for, job_row, pgfence, scalar, spawn, wait_for
 from pgfence import LeaseLost, enqueue, settings as settings_mod
 from pgfence.errors import ConfigError
 from pgfence.renewal.renewer import HeartbeatManager
-from pgfence.store.queries import q
+from pgfence.handlers.tables import INSERT_EFFECT
 from pgfence.settings import Settings
 from pgfence.worker.loop import Worker
 
@@ -72,8 +72,8 @@ def problems_of(case: Case, out: str, err: str, code: int) -> list[str]:
 def snapshot(conn: psycopg.Connection) -> dict:
     return {
         "jobs": conn.execute("SELECT * FROM pgfence.jobs ORDER BY id").fetchall(),
-        "effects": scalar(conn, "SELECT count(*) FROM pgfence.effects"),
-        "receipts": scalar(conn, "SELECT count(*) FROM pgfence.receipts"),
+        "effects": scalar(conn, "SELECT count(*) FROM pgfence_examples.effects"),
+        "receipts": scalar(conn, "SELECT count(*) FROM pgfence_examples.receipts"),
     }
 
 
@@ -363,8 +363,8 @@ def test_cancel_running_job_owner_learns_at_next_renewal(dsn, conn, make_worker)
         # A completion after the cancel is rolled back with its writes.
         with pytest.raises(LeaseLost):
             with job.fenced() as c:
-                c.execute(q("insert_effect"), {"job_id": job.id, "attempt": job.attempt, "key": "k", "worker": "w"})
-        assert scalar(conn, "SELECT count(*) FROM pgfence.effects") == 0
+                c.execute(INSERT_EFFECT, {"job_id": job.id, "attempt": job.attempt, "key": "k", "worker": "w"})
+        assert scalar(conn, "SELECT count(*) FROM pgfence_examples.effects") == 0
         assert job_row(conn, running)["status"] == "cancelled"
         # A lost lease is not renewed again.
         assert heartbeat.run_once().sent == 0
@@ -426,11 +426,11 @@ def test_work_command_applies_the_settings_precedence(dsn, conn, tmp_path):
 
 @pytest.mark.parametrize("command", ["work", "run"])
 def test_pooling_switches_reach_the_settings(command):
-    from pgfence.cli.main import _worker_settings, build_parser
+    from pgfence.cli.main import _command_settings, build_parser
 
-    plain = _worker_settings(build_parser().parse_args([command]))
+    plain = _command_settings(build_parser().parse_args([command]))
     assert (plain.listen, plain.prepare) == (True, True)
-    pooled = _worker_settings(build_parser().parse_args([command, "--no-listen", "--no-prepare"]))
+    pooled = _command_settings(build_parser().parse_args([command, "--no-listen", "--no-prepare"]))
     assert (pooled.listen, pooled.prepare) == (False, False)
     assert settings_mod.load({}, env={"PGFENCE_PREPARE": "off"}).prepare is False
     with pytest.raises(ConfigError, match="invalid prepare: expected true or false"):

@@ -41,13 +41,13 @@ def test_demo_tells_the_story(dsn, conn):
     # The database agrees, job by job.
     job = {act: int(row["job"]) for act, row in rows.items()}
     receipts = {job_id: attempts for job_id, attempts in conn.execute(
-        "SELECT job_id, array_agg(attempt ORDER BY attempt) FROM pgfence.receipts GROUP BY job_id")}
+        "SELECT job_id, array_agg(attempt ORDER BY attempt) FROM pgfence_examples.receipts GROUP BY job_id")}
     assert receipts == {job["1"]: [1, 2], job["2"]: [1], job["3"]: [2]}
     states = {job_id: (status, attempt) for job_id, status, attempt in conn.execute(
         "SELECT id, status, attempt FROM pgfence.jobs")}
     assert states == {job["1"]: ("done", 2), job["2"]: ("done", 1), job["3"]: ("done", 2)}
     # Each act's job has its own idempotency key, shared by all its attempts.
-    keys = dict(conn.execute("SELECT job_id, count(DISTINCT idempotency_key) FROM pgfence.receipts GROUP BY job_id"))
+    keys = dict(conn.execute("SELECT job_id, count(DISTINCT idempotency_key) FROM pgfence_examples.receipts GROUP BY job_id"))
     assert keys == {job["1"]: 1, job["2"]: 1, job["3"]: 1}
 
 

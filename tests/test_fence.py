@@ -29,6 +29,7 @@ from prometheus_client import REGISTRY
 from pgtools import env_for, job_row, scalar, spawn, wait_for
 from pgfence import Job, LeaseLost, PgfenceError, enqueue, handler
 from pgfence.worker.lease import Lease
+from pgfence.handlers.tables import INSERT_EFFECT
 from pgfence.store.queries import q
 from pgfence.settings import Settings
 from pgfence.worker.loop import LOST, Worker
@@ -53,8 +54,8 @@ def fence_probe(job: Job) -> None:
     fence can keep a stale attempt's write out."""
     seconds = float(job.payload.get("seconds", 0))
     with job.fenced() as conn:
-        conn.execute(q("insert_effect"), {"job_id": job.id, "attempt": job.attempt,
-                                          "key": job.idempotency_key, "worker": str(os.getpid())})
+        conn.execute(INSERT_EFFECT, {"job_id": job.id, "attempt": job.attempt,
+                                     "key": job.idempotency_key, "worker": str(os.getpid())})
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:    # simulated work
             time.sleep(0.01)
@@ -130,7 +131,7 @@ def status(conn, job_id: int) -> str:
 
 
 def effects(conn) -> list[tuple[int, int, str]]:
-    return [tuple(r) for r in conn.execute("SELECT job_id, attempt, worker FROM pgfence.effects ORDER BY id")]
+    return [tuple(r) for r in conn.execute("SELECT job_id, attempt, worker FROM pgfence_examples.effects ORDER BY id")]
 
 
 def backend(conn, app: str) -> tuple[int, str, str | None] | None:
@@ -168,8 +169,8 @@ def sample(name: str, **labels: str) -> float:
 
 
 def insert_effect(conn, job: Job) -> None:
-    conn.execute(q("insert_effect"), {"job_id": job.id, "attempt": job.attempt,
-                                      "key": job.idempotency_key, "worker": f"attempt-{job.attempt}"})
+    conn.execute(INSERT_EFFECT, {"job_id": job.id, "attempt": job.attempt,
+                                 "key": job.idempotency_key, "worker": f"attempt-{job.attempt}"})
 
 
 def both_connected(conn, names) -> bool:
@@ -528,7 +529,7 @@ def test_pipelined_block_commits_writes_and_completion_in_one_round_trip(dsn, co
     assert [name for way, name in messages].count("ReadyForQuery") == 1
     assert job.completed and job.lease.lost_reason is None
     assert effects(conn) == [(job.id, 1, "attempt-1"), (job.id, 1, "attempt-1")]
-    xids = conn.execute("SELECT DISTINCT xmin::text FROM pgfence.effects").fetchall()
+    xids = conn.execute("SELECT DISTINCT xmin::text FROM pgfence_examples.effects").fetchall()
     assert len(xids) == 1
     assert scalar(conn, "SELECT xmin::text FROM pgfence.jobs WHERE id = %s", (job.id,)) == xids[0][0]
     row = job_row(conn, job.id)
@@ -673,8 +674,8 @@ def test_fenced_writes_send_the_block_and_the_completion_as_one_message(dsn, con
             with job.fenced_writes() as writes:
                 writes.execute("INSERT INTO writes_seen VALUES (%s, %s, %s)",
                                (job.id, "it's 100% done; DROP TABLE x --", Json({"a": [1, "b'c"]})))
-                writes.execute(q("insert_effect"), {"job_id": job.id, "attempt": job.attempt,
-                                                    "key": job.idempotency_key, "worker": "attempt-1"})
+                writes.execute(INSERT_EFFECT, {"job_id": job.id, "attempt": job.attempt,
+                                               "key": job.idempotency_key, "worker": "attempt-1"})
                 assert trace.read_text() == ""          # nothing sent inside the block
         assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     messages = [line.split("\t")[0::2][:2] for line in trace.read_text().splitlines()
@@ -686,7 +687,7 @@ def test_fenced_writes_send_the_block_and_the_completion_as_one_message(dsn, con
         (job.id, "it's 100% done; DROP TABLE x --", {"a": [1, "b'c"]})]
     assert effects(conn) == [(job.id, 1, "attempt-1")]
     xids = {r[0] for r in conn.execute("SELECT xmin::text FROM writes_seen UNION ALL "
-                                       "SELECT xmin::text FROM pgfence.effects UNION ALL "
+                                       "SELECT xmin::text FROM pgfence_examples.effects UNION ALL "
                                        "SELECT xmin::text FROM pgfence.jobs WHERE id = %s", (job.id,))}
     assert len(xids) == 1
     row = job_row(conn, job.id)

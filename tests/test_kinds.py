@@ -34,6 +34,10 @@ def spec(kind: str, **opts) -> HandlerSpec:
 
 def env_with(dsn: str, folder: Path, **extra: str) -> dict[str, str]:
     env = env_for(dsn, **extra)
+    # Only the modules a test names: its TOML file's handlers must not be
+    # overridden by the environment's.
+    if "PGFENCE_HANDLERS" not in extra:
+        del env["PGFENCE_HANDLERS"]
     env["PYTHONPATH"] = os.pathsep.join([str(folder), env["PYTHONPATH"]])
     return env
 
@@ -42,13 +46,13 @@ MAIL_MODULE = textwrap.dedent("""
     import os
 
     from pgfence import handler
-    from pgfence.store.queries import q
+    from pgfence.handlers.tables import INSERT_EFFECT
 
     @handler("t_mail", queue="mail", max_attempts=2, max_reclaims=1, lease=20, timeout=10)
     def mail(job):
         with job.fenced() as conn:
-            conn.execute(q("insert_effect"), {"job_id": job.id, "attempt": job.attempt,
-                                              "key": job.idempotency_key, "worker": str(os.getpid())})
+            conn.execute(INSERT_EFFECT, {"job_id": job.id, "attempt": job.attempt,
+                                         "key": job.idempotency_key, "worker": str(os.getpid())})
 """)
 
 
@@ -74,7 +78,7 @@ def test_a_run_records_its_kinds_and_sql_producers_get_the_handlers_queue_and_li
                  timeout=30, message="the three jobs done")
         assert conn.execute("SELECT id, status, attempt FROM pgfence.jobs ORDER BY id").fetchall() == \
             [(i, "done", 1) for i in ids]
-        assert conn.execute("SELECT job_id, attempt FROM pgfence.effects ORDER BY job_id").fetchall() == \
+        assert conn.execute("SELECT job_id, attempt FROM pgfence_examples.effects ORDER BY job_id").fetchall() == \
             [(i, 1) for i in ids]
     finally:
         run.send_signal(signal.SIGTERM)

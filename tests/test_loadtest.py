@@ -110,7 +110,7 @@ def test_every_fault_against_a_database_it_does_not_own_passes_the_audit(backend
                     ("send_receipt", "done", 15), ("sleep", "done", 45)]
     assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE queue <> %s", (queue,)) == 0
     for table in ("effects", "receipts"):
-        per_job = conn.execute(f"SELECT t.job_id, count(*) FROM pgfence.{table} t JOIN pgfence.jobs j "
+        per_job = conn.execute(f"SELECT t.job_id, count(*) FROM pgfence_examples.{table} t JOIN pgfence.jobs j "
                                f"ON j.id = t.job_id WHERE j.queue = %s GROUP BY t.job_id", (queue,)).fetchall()
         assert len(per_job) == 15 and {n for _job, n in per_job} == {1}
     assert report["database"]["reclaims"] == scalar(
@@ -142,7 +142,7 @@ def test_without_the_fence_the_audit_names_the_effects_committed_twice(backend, 
     assert effects["passed"] is False
     rows = conn.execute(
         "SELECT t.job_id, array_agg(t.id ORDER BY t.id), array_agg(t.attempt ORDER BY t.id), "
-        "array_agg(t.worker ORDER BY t.id) FROM pgfence.effects t JOIN pgfence.jobs j ON j.id = t.job_id "
+        "array_agg(t.worker ORDER BY t.id) FROM pgfence_examples.effects t JOIN pgfence.jobs j ON j.id = t.job_id "
         "WHERE j.queue = %s GROUP BY t.job_id HAVING count(*) > 1 ORDER BY t.job_id", (report["queue"],)).fetchall()
     assert rows, "the unprotected run committed no effect twice"
     assert effects["duplicates"] == [{"job": job, "rows": ids, "attempts": attempts, "workers": workers}

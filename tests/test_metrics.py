@@ -20,7 +20,7 @@ from pgfence import enqueue
 def test_reclaim_and_fenced_rejection_are_counted_across_exited_children(dsn, conn, runs):
     run = runs(dsn, "--workers", "2", "--lease", "1.5")
     job_id = reclaim_and_reject(conn)
-    assert conn.execute("SELECT attempt FROM pgfence.effects WHERE job_id = %s", (job_id,)).fetchall() == [(2,)]
+    assert conn.execute("SELECT attempt FROM pgfence_examples.effects WHERE job_id = %s", (job_id,)).fetchall() == [(2,)]
 
     # Every child that counted something leaves: HUP swaps them all.
     old = set(worker_pids(run.proc.pid))

@@ -72,20 +72,21 @@ def run_installed(installed: Path, cwd: Path, *args: str, dsn: str | None = None
 def test_wheel_holds_the_sql_licence_and_entry_point(wheel):
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
-        entry_points = zf.read("pgfence-0.1.0.dist-info/entry_points.txt").decode()
-        metadata = zf.read("pgfence-0.1.0.dist-info/METADATA").decode()
+        entry_points = zf.read("pgfence-0.2.0.dist-info/entry_points.txt").decode()
+        metadata = zf.read("pgfence-0.2.0.dist-info/METADATA").decode()
     migrations = {f"pgfence/sql/migrations/{m.version:04d}_{m.name}.sql" for m in migrate.available()}
     queries = {f"pgfence/sql/queries/{p.name}" for p in (ROOT / "sql" / "queries").glob("*.sql")}
     assert migrations and migrations <= names, migrations - names
     assert queries and queries <= names, queries - names
-    assert {n for n in names if n.endswith(".sql")} == migrations | queries
+    # The example handlers' tables are theirs, next to them, not pgfence's.
+    assert {n for n in names if n.endswith(".sql")} == migrations | queries | {"pgfence/handlers/tables.sql"}
     # Nothing of the checkout's layout: no top-level sql/, no tests.
     assert not [n for n in names if n.startswith(("sql/", "tests/"))]
     # One import name: nothing at the top level but pgfence and its metadata
     # (supervisord's `supervisor` and a user's `handlers` stay theirs).
-    assert {n.split("/")[0] for n in names} == {"pgfence", "pgfence-0.1.0.dist-info"}
+    assert {n.split("/")[0] for n in names} == {"pgfence", "pgfence-0.2.0.dist-info"}
     assert "pgfence/py.typed" in names
-    assert "pgfence-0.1.0.dist-info/licenses/LICENSE" in names
+    assert "pgfence-0.2.0.dist-info/licenses/LICENSE" in names
     assert "License-Expression: MIT" in metadata
     assert "pgfence = pgfence.cli.main:main" in entry_points
 
@@ -108,13 +109,14 @@ def test_installed_wheel_migrates_reports_and_works_outside_the_repository(insta
     ids = []
     for n in range(3):
         enqueued = run_installed(installed, tmp_path, "-m", "pgfence", "enqueue", "noop",
-                                 "--payload", json.dumps({"n": n}), dsn=empty_dsn)
+                                 "--handlers", "pgfence.handlers.builtin", "--payload", json.dumps({"n": n}),
+                                 dsn=empty_dsn)
         assert enqueued.returncode == 0, enqueued.stderr
         ids.append(int(enqueued.stdout))
     assert len(set(ids)) == 3
 
     worked = run_installed(installed, tmp_path, "-m", "pgfence", "work", "--burst", "--retention", "none",
-                           dsn=empty_dsn)
+                           "--handlers", "pgfence.handlers.builtin", dsn=empty_dsn)
     assert worked.returncode == 0, worked.stderr
 
     status = run_installed(installed, tmp_path, "-m", "pgfence", "status", "--json", dsn=empty_dsn)

@@ -35,7 +35,7 @@ def test_receipt_sent_once_with_the_idempotency_key(conn, sink, worker):
     key = f"pgfence:job:{job_id}"
     assert dict(sink.deliveries) == {key: 1}
     rows = conn.execute("SELECT job_id, attempt, idempotency_key, order_id, email, amount_cents, sent_status "
-                        "FROM pgfence.receipts").fetchall()
+                        "FROM pgfence_examples.receipts").fetchall()
     assert rows == [(job_id, 1, key, "A-1", "a@example.com", 1250, 200)]
     assert (job_row(conn, job_id)["status"], job_row(conn, job_id)["attempt"]) == ("done", 1)
 
@@ -54,7 +54,7 @@ def test_a_later_job_with_the_same_dedupe_key_sends_its_own_key(conn, sink, work
     worker.run(burst=True)
     assert dict(sink.deliveries) == {f"pgfence:job:{first}": 1, f"pgfence:job:{second}": 1}
     assert sink.sent == 2
-    assert conn.execute("SELECT job_id, idempotency_key FROM pgfence.receipts ORDER BY job_id").fetchall() == [
+    assert conn.execute("SELECT job_id, idempotency_key FROM pgfence_examples.receipts ORDER BY job_id").fetchall() == [
         (first, f"pgfence:job:{first}"), (second, f"pgfence:job:{second}")]
 
 
@@ -66,7 +66,7 @@ def test_payload_without_email_fails_at_once(conn, sink, worker):
     assert (row["status"], row["attempt"]) == ("failed", 1)
     assert row["last_error"] == "payload rejected: payload needs 'order_id' and 'email'"
     assert sink.requests == 0
-    assert scalar(conn, "SELECT count(*) FROM pgfence.receipts") == 0
+    assert scalar(conn, "SELECT count(*) FROM pgfence_examples.receipts") == 0
 
 
 def test_api_down_retries_then_fails_keeping_the_error(conn, monkeypatch, worker):
@@ -82,4 +82,4 @@ def test_api_down_retries_then_fails_keeping_the_error(conn, monkeypatch, worker
     row = job_row(conn, job_id)
     assert (row["status"], row["attempt"]) == ("failed", 2)
     assert "Connection refused" in row["last_error"]
-    assert scalar(conn, "SELECT count(*) FROM pgfence.receipts") == 0
+    assert scalar(conn, "SELECT count(*) FROM pgfence_examples.receipts") == 0

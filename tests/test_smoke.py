@@ -9,4 +9,4 @@ def test_enqueue_and_work_burst(dsn, conn):
     assert out.returncode == 0, out.stderr
     row = job_row(conn, job_id)
     assert (row["status"], row["attempt"]) == ("done", 1)
-    assert scalar(conn, "SELECT count(*) FROM pgfence.effects WHERE job_id = %s", (job_id,)) == 1
+    assert scalar(conn, "SELECT count(*) FROM pgfence_examples.effects WHERE job_id = %s", (job_id,)) == 1

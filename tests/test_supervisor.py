@@ -259,7 +259,7 @@ def test_four_workers_run_a_thousand_jobs_once_with_one_renewal_statement_per_in
     elapsed = time.monotonic() - began
 
     assert counts(conn) == [("done", 1, 0, 1000)]
-    effects = conn.execute("SELECT job_id, attempt, worker FROM pgfence.effects ORDER BY job_id").fetchall()
+    effects = conn.execute("SELECT job_id, attempt, worker FROM pgfence_examples.effects ORDER BY job_id").fetchall()
     assert [(job_id, attempt) for job_id, attempt, _w in effects] == [(i, 1) for i in effect_ids]
     workers = run.worker_pids_logged()
     assert len(workers) == 4
@@ -514,7 +514,7 @@ def test_two_instances_share_one_queue_without_running_a_job_twice(dsn, conn, ru
     assert a.stop() == 0 and b.stop() == 0
 
     assert counts(conn) == [("done", 1, 0, 300)]
-    effects = conn.execute("SELECT job_id, attempt, worker FROM pgfence.effects ORDER BY job_id").fetchall()
+    effects = conn.execute("SELECT job_id, attempt, worker FROM pgfence_examples.effects ORDER BY job_id").fetchall()
     assert [(job_id, attempt) for job_id, attempt, _w in effects] == [(i, 1) for i in ids]
     by = [int(w) for _j, _a, w in effects]
     ran_a = sum(1 for w in by if w in pids_a)

@@ -45,7 +45,7 @@ import os
 import time
 
 from pgfence import handler
-from pgfence.store.queries import q
+from pgfence.handlers.tables import INSERT_EFFECT
 
 
 def stubborn(job):
@@ -53,8 +53,8 @@ def stubborn(job):
     payload.seconds without ever looking at its lease."""
     seconds = float(job.payload.get("seconds", 0))
     with job.fenced() as conn:
-        conn.execute(q("insert_effect"), {"job_id": job.id, "attempt": job.attempt,
-                                          "key": job.idempotency_key, "worker": str(os.getpid())})
+        conn.execute(INSERT_EFFECT, {"job_id": job.id, "attempt": job.attempt,
+                                     "key": job.idempotency_key, "worker": str(os.getpid())})
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             time.sleep(0.01)
@@ -84,8 +84,8 @@ def _state(pid):
 
 def _record(job, key):
     """An effect row written at once (autocommit), outside the fence."""
-    job.conn.execute(q("insert_effect"), {"job_id": job.id, "attempt": job.attempt, "key": key,
-                                          "worker": str(os.getpid())})
+    job.conn.execute(INSERT_EFFECT, {"job_id": job.id, "attempt": job.attempt, "key": key,
+                                     "worker": str(os.getpid())})
 
 
 @handler("overrun", lease=3, timeout=1)
@@ -93,7 +93,7 @@ def overrun(job):
     """Records its start and whether the previous attempt's process still
     runs; the first attempt then works on past its timeout without acting on
     it, recording when it was told (job.lease_lost) and why."""
-    row = job.conn.execute("SELECT worker FROM pgfence.effects WHERE job_id = %s AND attempt = %s"
+    row = job.conn.execute("SELECT worker FROM pgfence_examples.effects WHERE job_id = %s AND attempt = %s"
                            " AND idempotency_key LIKE 'start:%%'", (job.id, job.attempt - 1)).fetchone()
     previous = "none" if row is None else ("alive" if _state(int(row[0])) not in (None, "Z", "X") else "dead")
     _record(job, f"start:{previous}")
@@ -278,7 +278,7 @@ def summary(conn, job_id: int) -> tuple:
 
 
 def effects(conn) -> list[tuple[int, int, str]]:
-    return [tuple(r) for r in conn.execute("SELECT job_id, attempt, worker FROM pgfence.effects ORDER BY id")]
+    return [tuple(r) for r in conn.execute("SELECT job_id, attempt, worker FROM pgfence_examples.effects ORDER BY id")]
 
 
 def db_now(conn) -> dt.datetime:
@@ -791,7 +791,7 @@ def test_a_timed_out_attempt_is_dead_before_the_next_one_starts(dsn, conn, super
     row = job_row(conn, job_id)
     assert (row["status"], row["attempt"], row["reclaims"], row["locked_by"], row["last_error"]) == (
         "done", 2, 0, None, "timed out after 1s; worker killed")
-    rows = conn.execute("SELECT attempt, idempotency_key, worker FROM pgfence.effects"
+    rows = conn.execute("SELECT attempt, idempotency_key, worker FROM pgfence_examples.effects"
                         " WHERE job_id = %s ORDER BY id", (job_id,)).fetchall()
     assert [(a, k.rpartition(":")[0] if k.startswith("told:") else k, w) for a, k, w in rows][:2] == [
         (1, "start:none", str(p)), (1, "told:timeout", str(p))], rows

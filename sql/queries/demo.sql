@@ -7,6 +7,6 @@ SELECT status, attempt, locked_by
 -- name: demo_receipts
 -- The attempts that committed a receipt for one job, in commit order.
 SELECT attempt
-  FROM pgfence.receipts
+  FROM pgfence_examples.receipts
  WHERE job_id = %(id)s
  ORDER BY id;

@@ -26,7 +26,7 @@ SELECT id, kind, status, attempt, reclaims, last_error, created_at, run_at, star
 -- name: loadtest_effects
 -- The run's committed effect rows, per job in commit order.
 SELECT t.job_id, t.id, t.attempt, t.worker
-  FROM pgfence.effects t
+  FROM pgfence_examples.effects t
   JOIN pgfence.jobs j ON j.id = t.job_id
  WHERE j.queue = %(queue)s
  ORDER BY t.job_id, t.id;
@@ -34,7 +34,7 @@ SELECT t.job_id, t.id, t.attempt, t.worker
 -- name: loadtest_receipts
 -- The run's committed receipt rows, per job in commit order.
 SELECT t.job_id, t.id, t.attempt, t.sent_status
-  FROM pgfence.receipts t
+  FROM pgfence_examples.receipts t
   JOIN pgfence.jobs j ON j.id = t.job_id
  WHERE j.queue = %(queue)s
  ORDER BY t.job_id, t.id;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.metadata
 import json
 import logging
 import os
@@ -53,27 +54,35 @@ def _common(p: argparse.ArgumentParser) -> None:
                    choices=LOG_LEVELS)
 
 
-def _worker_options(p: argparse.ArgumentParser) -> None:
+def _config_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML settings file (default: PGFENCE_CONFIG)")
-    p.add_argument("--queues", help="comma-separated queues to claim from (default: default)")
-    p.add_argument("--lease", help="lease length in seconds (default 30)")
-    p.add_argument("--heartbeat", help="renewal interval in seconds (default: a third of the lease)")
-    p.add_argument("--batch", help="jobs claimed per statement (default 1)")
-    p.add_argument("--poll-interval", help="seconds between polls without NOTIFY (default 5)")
-    p.add_argument("--timeout", help="default handler timeout in seconds")
-    p.add_argument("--retention", help="delete finished jobs older than this (default 7d)")
-    p.add_argument("--handlers", help="comma-separated handler modules to import")
-    p.add_argument("--unknown-kind-delay",
-                   help="seconds before a job of a kind this worker does not know, put back, may run (default 30)")
-    p.add_argument("--unknown-kind-timeout",
-                   help="age at which a job of a kind this worker does not know fails instead (default 1h)")
-    p.add_argument("--idle-in-transaction-timeout",
-                   help="seconds a connection may sit idle in a transaction before the server ends it and frees "
-                        "its row locks, 1s to 1d or none (default 60)")
+
+
+def _setting_options(p: argparse.ArgumentParser, command: str) -> None:
+    """One option per setting that ``command`` takes, as the setting is
+    declared in pgfence.settings: flag, help and shown default.  Every
+    option defaults to None, meaning "not given", so that the environment
+    and the TOML file still apply (pgfence.settings.load)."""
+    for declared in settings_mod.for_command(command):
+        # argparse %-formats help texts.
+        text = f"{declared.help} (default: {declared.shown}; {declared.env})".replace("%", "%%")
+        if declared.is_boolean:
+            p.add_argument(declared.flag, dest=declared.name, action=argparse.BooleanOptionalAction, default=None,
+                           help=text)
+        else:
+            p.add_argument(declared.flag, dest=declared.name, metavar=declared.metavar, help=text)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("pgfence")
+    except importlib.metadata.PackageNotFoundError:   # run from a checkout that is not installed
+        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pgfence", description="A PostgreSQL job worker that fences every completion.")
+    parser.add_argument("--version", action="version", version=f"pgfence {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("migrate", help="create or upgrade the pgfence schema")
@@ -81,33 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("work", help="run one worker process in the foreground")
     _common(p)
-    _worker_options(p)
+    _config_option(p)
+    _setting_options(p, "work")
     p.add_argument("--burst", action="store_true", help="exit when no job is left to claim")
     p.add_argument("--max-jobs", type=int, help="exit after this many jobs")
     p.add_argument("--name", help="the worker's name in locked_by (default host:pid:<random instance id>)")
     # UNSAFE: no lease renewal, completion by id alone.  Only the demo (and the
     # tests that reproduce the double run) use it, so it is not in --help.
     p.add_argument("--unprotected", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--no-listen", dest="listen", action="store_const", const="false",
-                   help="poll instead of LISTEN/NOTIFY (for PgBouncer in transaction pooling)")
-    p.add_argument("--no-prepare", dest="prepare", action="store_const", const="false",
-                   help="no server-side prepared statements (for PgBouncer in transaction pooling)")
 
     p = sub.add_parser("run", help="the supervisor: an arbiter, N forked workers and a heartbeat manager")
     _common(p)
-    _worker_options(p)
-    p.add_argument("--workers", help="worker processes (default 2)")
-    p.add_argument("--graceful-timeout", help="seconds a SIGTERM drain waits for running jobs (default 30)")
-    p.add_argument("--lost-lease-kill-after",
-                   help="seconds a worker may keep running a job whose lease is lost before it is killed (default 5)")
-    p.add_argument("--metrics-host", help="address of /metrics, /healthz, /readyz (default 127.0.0.1)")
-    p.add_argument("--metrics-port", help="port of the metrics endpoint, 0 for none (default 9464)")
-    p.add_argument("--metrics-dir", help="a new or empty directory for the processes' metric files "
-                                            "(pgfence's own: its metric files are deleted at start)")
-    p.add_argument("--no-listen", dest="listen", action="store_const", const="false",
-                   help="poll instead of LISTEN/NOTIFY (for PgBouncer in transaction pooling)")
-    p.add_argument("--no-prepare", dest="prepare", action="store_const", const="false",
-                   help="no server-side prepared statements (for PgBouncer in transaction pooling)")
+    _config_option(p)
+    _setting_options(p, "run")
     # UNSAFE, for tests that show what the fence prevents: see `work`.
     p.add_argument("--unprotected", action="store_true", help=argparse.SUPPRESS)
 
@@ -124,9 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=int)
     p.add_argument("--max-reclaims", type=int)
     p.add_argument("--dedupe-key")
-    p.add_argument("--config", help="TOML settings file, for its handlers (default: PGFENCE_CONFIG)")
-    p.add_argument("--handlers", help="handler modules that define the kind "
-                                      "(default: PGFENCE_HANDLERS, the config file, else the bundled ones)")
+    _config_option(p)
+    _setting_options(p, "enqueue")
     p.add_argument("--any-kind", action="store_true",
                    help="accept a kind that neither a loaded handler module nor a worker has registered")
 
@@ -208,12 +202,26 @@ def _connect(args: argparse.Namespace, *, auto_migrate: bool = True):
     return dsn, conn
 
 
-def _worker_settings(args: argparse.Namespace) -> settings_mod.Settings:
-    cli = {name: getattr(args, name, None) for name in
-           ("queues", "lease", "heartbeat", "batch", "poll_interval", "timeout", "retention", "handlers",
-            "workers", "graceful_timeout", "lost_lease_kill_after", "metrics_host", "metrics_port", "metrics_dir",
-            "listen", "prepare", "unknown_kind_delay", "unknown_kind_timeout", "idle_in_transaction_timeout")}
+def _command_settings(args: argparse.Namespace) -> settings_mod.Settings:
+    """The settings of this command: its flags over the environment over
+    the TOML file over the defaults."""
+    cli = {d.name: getattr(args, d.name, None) for d in settings_mod.for_command(args.command)}
     return settings_mod.load(cli, config_path=getattr(args, "config", None))
+
+
+#: What a worker command without handler modules says.
+NO_HANDLERS = ("no handler modules: name them with --handlers myapp.jobs "
+               "(or PGFENCE_HANDLERS, or handlers = [...] in the settings file)")
+
+
+def _worker_command_settings(args: argparse.Namespace) -> settings_mod.Settings:
+    """The settings of ``work`` or ``run``, which need handler modules: a
+    worker without any could only put back every job it claims, and
+    pgfence loads none by default (its bundled ones are examples)."""
+    settings = _command_settings(args)
+    if not settings.handlers:
+        raise ConfigError(NO_HANDLERS)
+    return settings
 
 
 def _load_handlers(settings: settings_mod.Settings) -> None:
@@ -298,7 +306,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_work(args: argparse.Namespace) -> int:
     from pgfence.worker.loop import Worker
 
-    settings = _worker_settings(args)
+    settings = _worker_command_settings(args)
     if args.unprotected:
         settings = settings.replace(renew=False, fence=False)
         log.warning("UNPROTECTED worker: no lease renewal and no fence; a job may run twice")
@@ -338,7 +346,7 @@ def _bind_metrics(settings: settings_mod.Settings) -> socket.socket | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    settings = _worker_settings(args)
+    settings = _worker_command_settings(args)
     if args.unprotected:
         settings = settings.replace(renew=False, fence=False)
         log.warning("UNPROTECTED run: no lease renewal and no fence; a job may run twice")
@@ -359,7 +367,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _register_kinds(conn)
     # The connection above is closed: the arbiter holds none when it forks.
     sock = _bind_metrics(settings)
-    arbiter = Arbiter(dsn, settings, reload_settings=lambda: _worker_settings(args), metrics_sock=sock)
+    arbiter = Arbiter(dsn, settings, reload_settings=lambda: _worker_command_settings(args), metrics_sock=sock)
     log.info("pgfence run: %d workers, queues %s, lease %gs, database %s, metrics files in %s", settings.workers,
              ",".join(settings.queues), settings.lease, db.redact(dsn), metrics_dir)
     try:
@@ -372,8 +380,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = _parse_payload(_read_payload(args.payload))
     # The handler modules as every command finds them: --handlers, else
-    # PGFENCE_HANDLERS, else the config file, else the bundled ones.
-    settings = settings_mod.load({"handlers": args.handlers}, config_path=args.config)
+    # PGFENCE_HANDLERS, else the config file.  None is fine: a producer need
+    # not import the handlers' code, and the kind is then checked against
+    # those that workers registered in pgfence.kinds.
+    settings = _command_settings(args)
     registry.load(settings.handlers)
     delay = settings_mod.parse_duration("--delay", args.delay) if args.delay is not None else None
     run_at = _parse_time(args.run_at) if args.run_at else None

@@ -41,6 +41,7 @@ from typing import Any, TextIO
 
 from pgfence.store import db
 from pgfence.store import migrate
+from pgfence.handlers.tables import create_tables
 from pgfence.errors import ConfigError, SchemaMissing
 from pgfence.tools.mailsink import MailSink
 from pgfence.producer import enqueue
@@ -384,6 +385,9 @@ def run(dsn: str, *, lease: float = 3, render: float = 10, out: TextIO | None = 
         try:
             if migrate.pending(demo.conn):
                 raise SchemaMissing("pgfence schema missing or out of date: run 'pgfence migrate'")
+            # The receipts table is the example's own, not pgfence's.
+            with db.translated():
+                create_tables(demo.conn)
             demo.say(f"pgfence demo on {db.redact(dsn)}: two workers, demo-A and demo-B")
             acts = [demo.act1(), demo.act2(), demo.act3()]
         finally:

@@ -6,8 +6,8 @@ Checked exactly:
 - every job enqueued is in the run's queue and nothing else is; none is
   queued or running; each ended in the state its mix implies (noop, sleep,
   effect, receipt: done; fail: failed);
-- no effect and no receipt row committed twice (``pgfence.effects`` and
-  ``pgfence.receipts`` grouped by job), and every done effect or receipt job
+- no effect and no receipt row committed twice (``pgfence_examples.effects`` and
+  ``pgfence_examples.receipts`` grouped by job), and every done effect or receipt job
   has its one row;
 - the email API saw exactly one distinct idempotency key per receipt job that
   sent (none other), each at most as many times as the job was claimed

@@ -22,6 +22,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pgfence.store import db
 from pgfence.store import embedded
 from pgfence.store import migrate
+from pgfence.handlers.tables import create_tables
 from pgfence.errors import ConfigError, DatabaseUnavailable, SchemaMissing
 
 
@@ -74,6 +75,10 @@ class Server:
                 migrate.apply(conn)
             elif migrate.pending(conn):
                 raise SchemaMissing("pgfence schema is not up to date: run 'pgfence migrate'")
+            # The effect and receipt jobs write to the examples' own tables,
+            # which pgfence's migrations do not create.
+            with db.translated():
+                create_tables(conn)
             self.max_connections = int(conn.execute("SHOW max_connections").fetchone()[0])
 
     @classmethod

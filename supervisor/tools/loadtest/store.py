@@ -56,7 +56,7 @@ def jobs(conn: psycopg.Connection, queue: str) -> list[dict[str, Any]]:
 
 
 def rows_by_job(conn: psycopg.Connection, queue: str, table: str) -> dict[int, list[dict[str, Any]]]:
-    """The run's rows of pgfence.effects or pgfence.receipts, per job, in
+    """The run's rows of pgfence_examples.effects or pgfence_examples.receipts, per job, in
     commit order."""
     query = {"effects": "loadtest_effects", "receipts": "loadtest_receipts"}[table]
     out: dict[int, list[dict[str, Any]]] = {}
