@@ -21,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgfence.store import db
 from pgfence.store import embedded
-from pgfence.store import migrate
+from pgfence.store import loadtest, migrate
 from pgfence.errors import ConfigError, DatabaseUnavailable, SchemaMissing
 
 
@@ -74,7 +74,7 @@ class Server:
                 migrate.apply(conn)
             elif migrate.pending(conn):
                 raise SchemaMissing("pgfence schema is not up to date: run 'pgfence migrate'")
-            self.max_connections = int(conn.execute("SHOW max_connections").fetchone()[0])
+            self.max_connections = loadtest.max_connections(conn)
 
     @classmethod
     def open(cls, cli_dsn: str | None, *, embedded_in: Path | None) -> Server:
