@@ -28,7 +28,7 @@ from pgfence.observe import metrics
 from pgfence.store import sqltext
 from pgfence.errors import LeaseLost, NotCommitted, TransactionConflict
 from pgfence.worker.lease import Lease
-from pgfence.store.queries import q
+from pgfence.store import jobs
 
 
 def idempotency_key(job_id: int) -> str:
@@ -163,7 +163,7 @@ class Job:
             # Translated by db.translated(): a serialization failure means
             # another transaction changed the job first (an isolation level
             # above READ COMMITTED); a deadlock is an error like any other.
-            if not db.is_serialization_failure(exc):
+            if not db.fence_refused(exc):
                 raise
             self._rejected()
             raise LeaseLost(self.id, self.attempt, "fence_rejected") from None
@@ -236,9 +236,7 @@ class Job:
     def _raising_completion(self) -> tuple[str, dict]:
         """The completion that raises PF001 when the fence refuses (or, in
         the demo's unprotected mode, completes by id alone)."""
-        if self.fence:
-            return q("complete_or_raise"), {"id": self.id, "attempt": self.attempt}
-        return q("complete_unfenced"), {"id": self.id}
+        return jobs.raising_completion(self.id, self.attempt, fence=self.fence)
 
     @contextlib.contextmanager
     def _raising_fence(self) -> Iterator[None]:
@@ -249,9 +247,9 @@ class Job:
             with db.translated():
                 yield
         except BaseException as exc:
-            rejected = _sqlstate(exc) in (FENCE_REJECTED, "40001")
+            rejected = db.fence_refused(exc)
             self._roll_back()
-            if not rejected and _pipeline_aborted(exc):
+            if not rejected and db.pipeline_aborted(exc):
                 # The aborting error was read elsewhere (timing decides where
                 # psycopg reads a pipeline's results): ask the fence itself.
                 rejected = self._lost_ownership()
@@ -269,7 +267,7 @@ class Job:
             return False
         try:
             with db.translated():
-                return not conn.execute(q("still_owned"), {"id": self.id, "attempt": self.attempt}).fetchone()[0]
+                return not jobs.still_owned(conn, self.id, self.attempt)
         except Exception:  # noqa: BLE001 - the original error is raised instead
             return False
 
@@ -295,10 +293,10 @@ class Job:
 
     def _complete_in_transaction(self) -> None:
         if self.fence:
-            row = self.conn.execute(q("complete"), {"id": self.id, "attempt": self.attempt}).fetchone()
+            done = jobs.complete(self.conn, self.id, self.attempt)
         else:
-            row = self.conn.execute(q("complete_unfenced"), {"id": self.id}).fetchone()
-        if row is None:
+            done = jobs.complete_unfenced(self.conn, self.id)
+        if not done:
             self._rejected()
             # Raising inside the transaction block rolls the handler's writes back.
             raise LeaseLost(self.id, self.attempt, "fence_rejected")
@@ -317,35 +315,3 @@ class Writes:
     def execute(self, query: str, params: Any = None) -> None:
         """Queue one statement; its ``params`` are bound when the block ends."""
         self.statements.append((query, params))
-
-
-#: The SQLSTATE pgfence.complete_fenced raises when the fence refuses an attempt.
-FENCE_REJECTED = "PF001"
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and the errors behind it (a pgfence error wraps a driver
-    error; an error raised while handling another keeps it as context)."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        candidate = todo.pop(0)
-        if candidate is None or id(candidate) in seen:
-            continue
-        seen.add(id(candidate))
-        yield candidate
-        todo += [candidate.__cause__, candidate.__context__]
-
-
-def _sqlstate(exc: BaseException) -> str | None:
-    """The SQLSTATE of a driver error, also when wrapped in a pgfence error
-    or raised while another was handled (a fence refusal first)."""
-    states = [getattr(candidate, "sqlstate", None) for candidate in _chain(exc)]
-    for state in states:
-        if state in (FENCE_REJECTED, "40001"):
-            return state
-    return next((state for state in states if state), None)
-
-
-def _pipeline_aborted(exc: BaseException) -> bool:
-    return any(isinstance(candidate, psycopg.errors.PipelineAborted) for candidate in _chain(exc))

@@ -23,7 +23,7 @@ from pgfence.store import db
 from pgfence import names
 from pgfence import registry
 from pgfence.errors import ConfigError
-from pgfence.store.queries import q
+from pgfence.store import jobs
 
 _INT4_MIN, _INT4_MAX = -(2**31), 2**31 - 1
 
@@ -77,19 +77,19 @@ def enqueue(
         queue = queue or spec.queue
         max_attempts = max_attempts if max_attempts is not None else spec.max_attempts
         max_reclaims = max_reclaims if max_reclaims is not None else spec.max_reclaims
-    params = {
-        "kind": kind,
-        "payload": Jsonb(payload if payload is not None else {}),
-        "queue": queue or None,   # None: the database applies the kind's queue
-        "priority": priority,
-        "run_at": run_at,
-        "delay": float(delay or 0.0),
-        "max_attempts": max_attempts,
-        "dedupe_key": dedupe_key,
-        "max_reclaims": max_reclaims,
-    }
     with db.translated():
-        return conn.execute(q("enqueue"), params).fetchone()[0]
+        return jobs.enqueue(
+            conn,
+            kind=kind,
+            payload=Jsonb(payload if payload is not None else {}),
+            queue=queue or None,   # None: the database applies the kind's queue
+            priority=priority,
+            run_at=run_at,
+            delay=float(delay or 0.0),
+            max_attempts=max_attempts,
+            dedupe_key=dedupe_key,
+            max_reclaims=max_reclaims,
+        )
 
 
 def _has_nul(value: Any) -> bool:

@@ -13,8 +13,7 @@ from prometheus_client import REGISTRY
 import pgfence.handlers.builtin  # noqa: F401 - registers noop, sleep, fail before the registry snapshot
 from pgtools import job_row, scalar, wait_for
 from pgfence import LeaseLost, enqueue, handler
-from pgfence.settings import Settings
-from pgfence.worker.loop import DONE, FAILED, LOST, PUT_BACK, RETRIED, Worker
+from pgfence.worker.loop import DONE, FAILED, LOST, PUT_BACK, RETRIED
 
 
 def clock(conn: psycopg.Connection) -> dt.datetime:
@@ -24,18 +23,6 @@ def clock(conn: psycopg.Connection) -> dt.datetime:
 def wait_lease_expired(conn: psycopg.Connection, job_id: int) -> None:
     wait_for(lambda: scalar(conn, "SELECT lease_until < now() FROM pgfence.jobs WHERE id = %s", (job_id,)),
              timeout=10, message=f"lease of job {job_id} to expire")
-
-
-def test_backoff_is_exponential_capped_and_jittered():
-    worker = Worker("postgresql://unused@127.0.0.1:1/x", Settings(backoff_base=2.0, backoff_max=20.0), name="b")
-    try:
-        for attempt, full in [(0, 2.0), (1, 2.0), (2, 4.0), (3, 8.0), (4, 16.0), (5, 20.0), (12, 20.0)]:
-            samples = [worker.backoff(attempt) for _ in range(400)]
-            assert all(full * 0.5 <= s <= full for s in samples), (attempt, min(samples), max(samples))
-            # Jitter spreads over the whole range, not a fixed value.
-            assert min(samples) < full * 0.6 and max(samples) > full * 0.9, (attempt, min(samples), max(samples))
-    finally:
-        worker.close()
 
 
 def test_failing_job_retries_with_backoff_then_fails_keeping_last_error(conn, make_worker):

@@ -725,13 +725,16 @@ def test_cancelled_job_of_a_stubborn_handler_gets_its_child_killed(dsn, conn, su
     assert job_row(conn, job_id) == row
 
 
-def test_timed_out_stubborn_handler_is_killed_and_reported_as_an_error(dsn, conn, supervisors):
+def test_timed_out_stubborn_handler_is_killed_and_reported_as_an_error(dsn, conn, supervisors, tmp_path):
     """A handler with timeout=1 that never looks at its lease: the heartbeat
     stops renewing it at the timeout, the arbiter kills its child, and the
     attempt is reported as an error: retried (queued) while attempts are left,
+    after the workers' backoff (backoff_base 4: 2 to 4 s after attempt 1),
     failed on the last one.  Its effect, written in its open transaction, is
     rolled back."""
-    sup = supervisors(lease=30, heartbeat=0.5, lost_lease_kill_after=1)
+    config = tmp_path / "backoff.toml"
+    config.write_text("backoff_base = 4\n")
+    sup = supervisors(lease=30, heartbeat=0.5, lost_lease_kill_after=1, config=str(config))
     children = sup.wait_workers(2)
     last = enqueue(conn, "stubborn_timeout", {"seconds": 30}, max_attempts=1)
     retried = enqueue(conn, "stubborn_timeout", {"seconds": 30}, max_attempts=2)
@@ -748,7 +751,11 @@ def test_timed_out_stubborn_handler_is_killed_and_reported_as_an_error(dsn, conn
     row = job_row(conn, retried)
     assert (row["status"], row["attempt"], row["reclaims"], row["locked_by"], row["last_error"]) == (
         "queued", 1, 0, None, error)
-    assert scalar(conn, "SELECT run_at > clock_timestamp() FROM pgfence.jobs WHERE id = %s", (retried,))
+    # The heartbeat process reported it with the settings' backoff, not a
+    # fixed second (measured just after the report, a poll's time late).
+    window = scalar(conn, "SELECT extract(epoch FROM run_at - clock_timestamp())::float8 FROM pgfence.jobs "
+                          "WHERE id = %s", (retried,))
+    assert 1.2 <= window <= 4.0, window
     sup.wait(lambda: not any(sup.alive(p) for p in pids), 5, "both children killed")
     assert not set(sup.wait_workers(2)) & pids
 

@@ -78,10 +78,6 @@ DELETE FROM pgfence.jobs
        FOR UPDATE SKIP LOCKED)
 RETURNING id;
 
--- name: get_job
--- One job, every column.
-SELECT * FROM pgfence.jobs WHERE id = %(id)s;
-
 -- name: queue_gauges
 -- Jobs per queue and status, and per queue the age in seconds of the oldest
 -- queued job whose run_at has come; for the pgfence_queue_* gauges.

@@ -74,8 +74,7 @@ UPDATE pgfence.jobs j
  WHERE j.id = d.id
 RETURNING j.id, j.queue, j.kind, j.payload::text, j.status, j.attempt, j.max_attempts,
           j.reclaims, j.max_reclaims, j.priority, j.dedupe_key, j.created_at,
-          j.run_at, j.last_error, d.prev_status,
-          extract(epoch FROM (j.lease_until - now()))::float8 AS lease_left;
+          j.run_at, j.last_error, d.prev_status;
 
 -- name: complete
 -- Fenced completion: marks the job done only while this attempt still owns
@@ -218,10 +217,6 @@ SELECT pgfence.enqueue(%(kind)s, %(payload)s::jsonb, %(queue)s, %(priority)s,
                        coalesce(%(run_at)s::timestamptz,
                                 now() + make_interval(secs => %(delay)s::float8)),
                        %(max_attempts)s, %(dedupe_key)s, %(max_reclaims)s);
-
--- name: now
--- The database clock, which alone decides when a lease runs out.
-SELECT now();
 
 -- name: complete_unfenced
 -- UNSAFE, used only by `pgfence demo` to show what happens without the fence:

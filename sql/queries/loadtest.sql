@@ -71,3 +71,7 @@ SELECT deadlocks FROM pg_stat_database WHERE datname = current_database();
 -- The database clock, which stamps started_at and finished_at: the audit
 -- places each job's last claim on the faults' time line with it.
 SELECT clock_timestamp();
+
+-- name: loadtest_max_connections
+-- The server's connection limit: the load test sizes its fleet below it.
+SELECT current_setting('max_connections')::int;

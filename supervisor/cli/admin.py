@@ -7,20 +7,20 @@ from typing import Any, NamedTuple
 
 import psycopg
 
+from pgfence.store import admin as store
 from pgfence.store import db
-from pgfence.store.queries import q
 
 
 def status(conn: psycopg.Connection) -> dict[str, Any]:
     """Counts per queue and status, and every running job with its lease."""
     with db.translated():
         counts: dict[str, dict[str, int]] = {}
-        for queue, state, jobs in conn.execute(q("status_counts")):
-            counts.setdefault(queue, {})[state] = jobs
+        for count in store.status_counts(conn):
+            counts.setdefault(count.queue, {})[count.status] = count.jobs
         running = [
-            {"id": r[0], "queue": r[1], "kind": r[2], "attempt": r[3], "locked_by": r[4],
-             "lease_left": round(r[5], 3) if r[5] is not None else None}
-            for r in conn.execute(q("running_jobs"))
+            {"id": r.id, "queue": r.queue, "kind": r.kind, "attempt": r.attempt, "locked_by": r.locked_by,
+             "lease_left": round(r.lease_left, 3) if r.lease_left is not None else None}
+            for r in store.running_jobs(conn)
         ]
     return {"queues": counts, "running": running}
 
@@ -30,7 +30,7 @@ class RetryResult(NamedTuple):
     ``(id, holder)`` because the job ``holder`` holds their dedupe key."""
 
     requeued: list[int]
-    skipped: list[tuple[int, int]]
+    skipped: list[tuple[int, int | None]]
 
 
 def retry(conn: psycopg.Connection, ids: list[int] | None, *, failed: bool = False,
@@ -44,25 +44,24 @@ def retry(conn: psycopg.Connection, ids: list[int] | None, *, failed: bool = Fal
     (the statement saw no live holder): the statement is then run again,
     and it skips that job.
     """
-    params = {"ids": ids or [], "all_failed": failed, "extra_attempts": extra_attempts}
+    verdicts: list[store.RetryVerdict] = []
     with db.translated():
         for tries in range(1, 4):
             try:
                 with conn.transaction():
-                    rows = conn.execute(q("retry"), params).fetchall()
+                    verdicts = store.retry(conn, ids or [], all_failed=failed, extra_attempts=extra_attempts)
                 break
             except psycopg.errors.UniqueViolation:
                 if tries == 3:
                     raise
-    return RetryResult(requeued=[r[0] for r in rows if r[1]],
-                       skipped=[(r[0], r[2]) for r in rows if not r[1]])
+    return RetryResult(requeued=[v.id for v in verdicts if v.requeued],
+                       skipped=[(v.id, v.holder) for v in verdicts if not v.requeued])
 
 
 def cancel(conn: psycopg.Connection, ids: list[int]) -> list[int]:
     """Cancel queued or running jobs; return the ids that were."""
     with db.translated():
-        rows = conn.execute(q("cancel_ids"), {"ids": ids}).fetchall()
-    return sorted(r[0] for r in rows)
+        return store.cancel_ids(conn, ids)
 
 
 def failed(conn: psycopg.Connection, *, limit: int = 20, queue: str | None = None,
@@ -70,10 +69,12 @@ def failed(conn: psycopg.Connection, *, limit: int = 20, queue: str | None = Non
     """The newest failed jobs first, with their errors and tracebacks, as
     stored (the CLI escapes them for the terminal)."""
     with db.translated():
-        rows = conn.execute(q("failed_jobs"), {"limit": limit, "queue": queue, "kind": kind}).fetchall()
+        rows = store.failed_jobs(conn, limit=limit, queue=queue, kind=kind)
     return [
-        {"id": r[0], "queue": r[1], "kind": r[2], "attempt": r[3], "attempts_spent": r[4], "max_attempts": r[5],
-         "reclaims": r[6], "created_at": r[7].isoformat() if r[7] else None,
-         "finished_at": r[8].isoformat() if r[8] else None, "last_error": r[9], "traceback": r[10]}
+        {"id": r.id, "queue": r.queue, "kind": r.kind, "attempt": r.attempt, "attempts_spent": r.spent,
+         "max_attempts": r.max_attempts, "reclaims": r.reclaims,
+         "created_at": r.created_at.isoformat() if r.created_at else None,
+         "finished_at": r.finished_at.isoformat() if r.finished_at else None, "last_error": r.last_error,
+         "traceback": r.last_traceback}
         for r in rows
     ]

@@ -21,16 +21,20 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TypeVar
 
+import psycopg
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from pgfence.store import db
+from pgfence.store import admin, db
 from pgfence.observe import metrics
 from pgfence.prefork import proctitle
-from pgfence.store.queries import q
 from pgfence.prefork.slots import SlotTable
+
+T = TypeVar("T")
 
 log = logging.getLogger("pgfence.metrics")
 
@@ -72,17 +76,19 @@ class MetricsServer:
         if up < target:
             return False, f"{up} of {target} workers up"
         try:
-            self._query("SELECT 1")
+            self._query(lambda conn: conn.execute("SELECT 1"))
         except Exception as exc:  # noqa: BLE001 - any failure means not ready
             return False, f"database: {db.first_line(exc)}"
         return True, f"{up} workers up, database answers"
 
-    def _query(self, sql: str) -> list[tuple]:
+    def _query(self, run: Callable[[psycopg.Connection], T]) -> T:
+        """``run(conn)`` on this server's connection, opened on first use
+        and dropped after any failure."""
         with self._db_lock:
             try:
                 if self._conn is None or self._conn.closed:
                     self._conn = db.connect(self.dsn, application_name="pgfence metrics")
-                return self._conn.execute(sql).fetchall()
+                return run(self._conn)
             except Exception:
                 if self._conn is not None:
                     self._conn.close()
@@ -93,13 +99,13 @@ class MetricsServer:
 
     def refresh_queues(self) -> int:
         """Set the queue gauges from one query; return the rows read."""
-        rows = self._query(q("queue_gauges"))
+        rows = self._query(admin.queue_gauges)
         seen = set()
         oldest: dict[str, float] = {}
-        for queue, status, jobs, age in rows:
-            metrics.QUEUE_JOBS.labels(queue, status).set(jobs)
-            seen.add((queue, status))
-            oldest[queue] = max(oldest.get(queue, 0.0), age)
+        for row in rows:
+            metrics.QUEUE_JOBS.labels(row.queue, row.status).set(row.jobs)
+            seen.add((row.queue, row.status))
+            oldest[row.queue] = max(oldest.get(row.queue, 0.0), row.oldest_age)
         # A status that emptied since the last refresh reads 0, not its old value.
         for queue, status in self._seen - seen:
             metrics.QUEUE_JOBS.labels(queue, status).set(0)

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prometheus_client import multiprocess
 
@@ -89,8 +89,6 @@ class Child:
 class ArbiterStats:
     spawned: int = 0
     restarts: int = 0
-    heartbeat_restarts: int = 0
-    exits: list[str] = field(default_factory=list)
 
 
 class Arbiter:
@@ -336,7 +334,6 @@ class Arbiter:
         (its pid never reached the table's header) is restarted with backoff,
         and after MAX_BOOT_FAILURES in a row the arbiter halts, as for workers,
         instead of forking in a tight loop."""
-        self.stats.heartbeat_restarts += 1
         if self.table.header()[2] == pid:
             self._heartbeat_failures = 0
             if self._heartbeat_reloading:
@@ -362,7 +359,6 @@ class Arbiter:
         level = logging.INFO if planned and os.waitstatus_to_exitcode(status) == 0 else logging.WARNING
         log.log(level, "worker %d (pid %d) %s%s", c.number, c.pid, how,
                 f" holding {len(held)} job(s): releasing them" if held else "")
-        self.stats.exits.append(how)
         # A child that was up and did not exit cleanly may also hold a claim
         # it had no time to publish: the heartbeat manager looks for those by
         # name.  One that never came up (never ticked) never claimed.

@@ -23,6 +23,7 @@ import time
 from pgfence.observe import metrics
 from pgfence.prefork import proctitle
 from pgfence import registry
+from pgfence.backoff import Backoff
 from pgfence.renewal.renewer import HeartbeatManager, renew_period
 from pgfence.worker.lease import Lease
 from pgfence.prefork.child import worker_name
@@ -40,7 +41,8 @@ class HeartbeatProcess:
         self.liveness = liveness
         self.manager = HeartbeatManager(dsn, default_lease=settings.lease, interval=settings.heartbeat,
                                         timeout_grace=settings.lost_lease_kill_after, prepare=settings.prepare,
-                                        idle_in_transaction_timeout=settings.idle_in_transaction_timeout)
+                                        idle_in_transaction_timeout=settings.idle_in_transaction_timeout,
+                                        backoff=Backoff(settings.backoff_base, settings.backoff_max))
         # How long the loop may sleep without looking at the table: short
         # enough to renew the shortest lease of the kinds registered (the
         # arbiter loaded them before the fork) and to catch their timeouts.

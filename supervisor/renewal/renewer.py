@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from pgfence.store import db
+from pgfence.backoff import Backoff
+from pgfence.store import db, jobs, renewals
 from pgfence.observe import metrics
 from pgfence.errors import ConfigError
 from pgfence.worker.lease import Lease
-from pgfence.store.queries import q
 from pgfence.settings import idle_in_transaction_ms
 
 log = logging.getLogger("pgfence.heartbeat")
@@ -85,12 +85,15 @@ class HeartbeatManager:
     lease); ``self.interval`` is the period of a ``default_lease`` lease,
     the longest a running thread waits between two rounds.  A timed-out
     lease is renewed ``timeout_grace`` seconds past its timeout.
-    ``statements`` counts the renewal statements sent.
+    ``backoff`` is the retry policy of the attempts it reports failed (the
+    workers' own; None: the settings' defaults).  ``statements`` counts the
+    renewal statements sent.
     """
 
     def __init__(self, dsn: str, *, default_lease: float = 30.0, interval: float | None = None,
                  timeout_grace: float = 0.0, application_name: str = "pgfence heartbeat",
-                 prepare: bool = False, idle_in_transaction_timeout: float | None = 60.0):
+                 prepare: bool = False, idle_in_transaction_timeout: float | None = 60.0,
+                 backoff: Backoff | None = None):
         if default_lease <= 0:
             raise ValueError("default_lease must be positive")
         if interval is not None and interval <= 0:
@@ -100,6 +103,9 @@ class HeartbeatManager:
         self.heartbeat = interval
         self.interval = renew_period(default_lease, interval)
         self.timeout_grace = timeout_grace
+        #: The retry backoff of the attempts this manager reports failed
+        #: (a worker killed past its timeout): the workers' own policy.
+        self.backoff = Backoff() if backoff is None else backoff
         #: idle_in_transaction_session_timeout of this manager's sessions and
         #: renewals, in milliseconds ('0': the server's).
         self.idle_in_transaction_ms = idle_in_transaction_ms(idle_in_transaction_timeout)
@@ -130,7 +136,7 @@ class HeartbeatManager:
 
     def _configure(self, conn: psycopg.Connection) -> None:
         """Each new connection of the pool: see session_settings."""
-        conn.execute(q("session_settings"), {"idle_ms": self.idle_in_transaction_ms})
+        renewals.session_settings(conn, self.idle_in_transaction_ms)
 
     # -- tracking ---------------------------------------------------------
 
@@ -216,26 +222,23 @@ class HeartbeatManager:
         if not live:
             return result
         result.sent = len(live)
-        params = {
-            "ids": db.array_literal(lease.id for lease in live),
-            "attempts": db.array_literal(lease.attempt for lease in live),
-            "leases": db.array_literal(float(lease.seconds) for lease in live),
-        }
+        ids = [lease.id for lease in live]
+        attempts = [lease.attempt for lease in live]
+        seconds = [float(lease.seconds) for lease in live]
         sent_at = time.monotonic()
 
-        def renew() -> tuple[set, dict]:
+        def renew() -> tuple[set[tuple[int, int]], dict[int, renewals.Verdict]]:
             with self._pool.connection() as conn, conn.transaction():
                 # Settings for this transaction only: a startup option or
                 # a session SET would not survive (or would leak through)
                 # a transaction-pooling PgBouncer.
-                conn.execute(q("renewal_settings"), {"ms": str(max(100, int(self.window(live) * 1000))),
-                                                     "idle_ms": self.idle_in_transaction_ms})
+                renewals.renewal_settings(conn, statement_ms=str(max(100, int(self.window(live) * 1000))),
+                                        idle_ms=self.idle_in_transaction_ms)
                 self.statements += 1
-                renewed = set(conn.execute(q("renew"), params).fetchall())
+                renewed = renewals.renew(conn, ids, attempts, seconds)
                 missed = [lease.id for lease in live if (lease.id, lease.attempt) not in renewed]
                 # Only a round that lost leases asks why.
-                verdicts = {job_id: (status, attempt) for job_id, status, attempt in
-                            conn.execute(q("renew_verdicts"), {"ids": missed}).fetchall()} if missed else {}
+                verdicts = renewals.renew_verdicts(conn, missed) if missed else {}
             return renewed, verdicts
 
         try:
@@ -262,48 +265,44 @@ class HeartbeatManager:
             if (lease.id, lease.attempt) in renewed:
                 lease.renewed(sent_at)
                 result.renewed += 1
-            elif verdicts.get(lease.id) == ("done", lease.attempt):
+                continue
+            verdict = verdicts.get(lease.id)
+            if verdict is not None and verdict.status == "done" and verdict.attempt == lease.attempt:
                 # Completed by this very attempt (only its holder's fenced
                 # completion can do that) after the round read the leases:
                 # the lease ended as it should, nothing was lost, and there
                 # is nothing left to renew.
                 self.untrack(lease)
                 continue
-            else:
-                status, _attempt = verdicts.get(lease.id, (None, None))
-                reason = "cancelled" if status == "cancelled" else "renewal_rejected"
-                if lease.mark_lost(reason):
-                    result.add_lost(reason)
+            reason = "cancelled" if verdict is not None and verdict.status == "cancelled" else "renewal_rejected"
+            if lease.mark_lost(reason):
+                result.add_lost(reason)
         return result
 
     def release(self, items: list[tuple[int, int, bool, str | None]]) -> int:
         """Release jobs of dead workers, fenced: ``(id, attempt, reclaim,
-        error)`` each; with ``error`` the attempt is reported failed (retried
-        with backoff) instead.  Returns how many were still owned."""
+        error)`` each; with ``error`` the attempt is reported failed instead,
+        retried after the same backoff as a failure the worker reports
+        (``self.backoff``).  Returns how many were still owned."""
         done = 0
         self._open()
         with self._pool.connection() as conn:
             for job_id, attempt, reclaim, error in items:
+                outcome: jobs.Reported | jobs.Released | None
                 if error:
-                    row = conn.execute(q("fail_or_retry"), {"id": job_id, "attempt": attempt, "error": error,
-                                                            "traceback": None, "final": False,
-                                                            "backoff": 1.0}).fetchone()
-                    if row is not None:
-                        counter = metrics.JOBS_FAILED if row[0] == "failed" else metrics.JOBS_RETRIED
-                        counter.labels(row[1], row[2]).inc()
+                    outcome = jobs.fail_or_retry(conn, job_id, attempt, error=error, traceback=None, final=False,
+                                                 backoff=self.backoff)
                 else:
-                    row = conn.execute(q("release"), {"id": job_id, "attempt": attempt, "reclaim": reclaim,
-                                                      "reason": "worker died" if reclaim else None}).fetchone()
-                    if row is not None:
-                        metrics.JOBS_RELEASED.labels(row[1], row[2]).inc()
-                done += row is not None
+                    outcome = jobs.release(conn, job_id, attempt, reclaim=reclaim,
+                                           reason="worker died" if reclaim else None)
+                done += outcome is not None
         return done
 
     def owned(self, owner: str) -> list[tuple[int, int]]:
         """(id, attempt) of the running jobs claimed under ``owner``."""
         self._open()
         with self._pool.connection() as conn:
-            return [tuple(r) for r in conn.execute(q("owned_running"), {"owner": owner})]
+            return [(job.id, job.attempt) for job in jobs.owned_running(conn, owner)]
 
     @contextlib.contextmanager
     def _expiring(self, leases: list[Lease], result: RenewResult) -> Iterator[None]:

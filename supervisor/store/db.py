@@ -19,8 +19,8 @@ import psycopg
 from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgfence.errors import (DatabaseError, DatabaseUnavailable, LeaseLost, PgfenceError, SchemaMissing, StatementCanceled,
-                     TransactionConflict)
+from pgfence.errors import (DatabaseError, DatabaseUnavailable, PgfenceError, SchemaMissing, StatementCanceled,
+                            TransactionConflict)
 
 log = logging.getLogger("pgfence.db")
 
@@ -123,12 +123,9 @@ _CONFLICT = {"40001", "40P01"}
 
 
 def sqlstate(exc: BaseException) -> str | None:
-    return getattr(exc, "sqlstate", None)
-
-
-def is_conflict(exc: BaseException) -> bool:
-    """A deadlock (40P01) or serialization failure (40001), raw or translated."""
-    return isinstance(exc, TransactionConflict) or sqlstate(exc) in _CONFLICT
+    """The SQLSTATE of a driver error or of a translated one, else None."""
+    code: str | None = getattr(exc, "sqlstate", None)
+    return code
 
 
 def translate(exc: BaseException, dsn: str | None = None, *, connecting: bool = False) -> PgfenceError:
@@ -230,12 +227,39 @@ def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgfen
         )
 
 
-def is_serialization_failure(exc: BaseException) -> bool:
-    return isinstance(exc, pgerrors.SerializationFailure) or sqlstate(exc) == "40001"
+#: The SQLSTATE that pgfence.complete_fenced (complete_or_raise) raises when
+#: the fence refuses an attempt.
+FENCE_REJECTED = "PF001"
+#: SQLSTATEs of a fenced completion refused because another attempt owns the
+#: job: PF001 from the raising completion, or a serialization failure
+#: (40001), which under an isolation level above READ COMMITTED means that
+#: another transaction changed the job first.
+_FENCE_REFUSED = {FENCE_REJECTED, "40001"}
 
 
-def fence_error(exc: BaseException, job_id: int, attempt: int) -> LeaseLost | None:
-    """A serialization failure on a fenced write means another attempt won."""
-    if is_serialization_failure(exc):
-        return LeaseLost(job_id, attempt, "fence_rejected")
-    return None
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the errors behind it (a pgfence error wraps a driver
+    error; an error raised while handling another keeps it as context)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        candidate = todo.pop(0)
+        if candidate is None or id(candidate) in seen:
+            continue
+        seen.add(id(candidate))
+        yield candidate
+        todo += [candidate.__cause__, candidate.__context__]
+
+
+def fence_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` says the fence refused a completion: SQLSTATE PF001 or
+    40001, on the error itself or on one behind it (wrapped in a pgfence
+    error, or raised while another was handled: a fence refusal first)."""
+    return any(sqlstate(candidate) in _FENCE_REFUSED for candidate in _chain(exc))
+
+
+def pipeline_aborted(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error behind it) is psycopg's "pipeline
+    aborted": the error of the statement that aborted the pipeline was read
+    elsewhere, so this one cannot say whether the fence refused."""
+    return any(isinstance(candidate, pgerrors.PipelineAborted) for candidate in _chain(exc))

@@ -53,7 +53,7 @@ def apply(conn: psycopg.Connection) -> list[Migration]:
     with db.translated(), conn.transaction():
         conn.execute(q("migrations_lock"), {"key": LOCK_KEY})
         conn.execute(q("migrations_bootstrap"))
-        applied = {row[0] for row in conn.execute(q("migrations_applied"))}
+        applied = _applied(conn)
         for migration in available():
             if migration.version in applied:
                 continue
@@ -66,6 +66,16 @@ def apply(conn: psycopg.Connection) -> list[Migration]:
 def pending(conn: psycopg.Connection) -> list[Migration]:
     """Migrations not yet applied (all of them when the schema is missing)."""
     with db.translated():
-        exists = conn.execute(q("migrations_table_exists")).fetchone()[0]
-        applied = {r[0] for r in conn.execute(q("migrations_applied"))} if exists else set()
+        applied = _applied(conn) if _table_exists(conn) else set()
     return [m for m in available() if m.version not in applied]
+
+
+def _table_exists(conn: psycopg.Connection) -> bool:
+    """Whether pgfence.migrations is there yet (a new database has none)."""
+    row = conn.execute(q("migrations_table_exists")).fetchone()
+    return row is not None and bool(row[0])
+
+
+def _applied(conn: psycopg.Connection) -> set[int]:
+    """The versions already applied."""
+    return {version for (version,) in conn.execute(q("migrations_applied"))}

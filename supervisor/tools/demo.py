@@ -45,7 +45,7 @@ from pgfence.handlers.tables import create_tables
 from pgfence.errors import ConfigError, SchemaMissing
 from pgfence.tools.mailsink import MailSink
 from pgfence.producer import enqueue
-from pgfence.store.queries import q
+from pgfence.store import demo as demo_store
 
 TERMINAL = ("done", "failed", "cancelled")
 #: Seconds between two looks at the database while waiting.
@@ -206,14 +206,14 @@ class _Demo:
 
     # -- the database, by the demo's own job ids --------------------------------
 
-    def job(self, job_id: int) -> tuple[str, int, str | None]:
+    def job(self, job_id: int) -> demo_store.DemoJob:
         with db.translated():
-            row = self.conn.execute(q("demo_job"), {"id": job_id}).fetchone()
-        return row if row is not None else ("missing", 0, None)
+            row = demo_store.job(self.conn, job_id)
+        return row if row is not None else demo_store.DemoJob("missing", 0, None)
 
     def receipts(self, job_id: int) -> list[int]:
         with db.translated():
-            return [r[0] for r in self.conn.execute(q("demo_receipts"), {"id": job_id})]
+            return demo_store.receipts(self.conn, job_id)
 
     def settled(self, job_id: int) -> bool:
         """Finished, and every attempt of it has committed its receipt."""

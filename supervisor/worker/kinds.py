@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import psycopg
 
 from pgfence.store import db
-from pgfence.store.queries import q
+from pgfence.store import kinds as kinds_store
 from pgfence.registry import HandlerSpec
 
 
@@ -26,20 +26,20 @@ def register(conn: psycopg.Connection, specs: Iterable[HandlerSpec]) -> list[str
     specs = list(specs)
     if not specs:
         return []
-    params = {
-        "kinds": [s.kind for s in specs],
-        "queues": [s.queue for s in specs],
-        "max_attempts": [s.max_attempts for s in specs],
-        "max_reclaims": [s.max_reclaims for s in specs],
-        "leases": [None if s.lease is None else float(s.lease) for s in specs],
-        "timeouts": [None if s.timeout is None else float(s.timeout) for s in specs],
-        "by": f"{socket.gethostname()}:{os.getpid()}",
-    }
     with db.translated():
-        return sorted(row[0] for row in conn.execute(q("kinds_register"), params))
+        return kinds_store.register(
+            conn,
+            kinds=[s.kind for s in specs],
+            queues=[s.queue for s in specs],
+            max_attempts=[s.max_attempts for s in specs],
+            max_reclaims=[s.max_reclaims for s in specs],
+            leases=[None if s.lease is None else float(s.lease) for s in specs],
+            timeouts=[None if s.timeout is None else float(s.timeout) for s in specs],
+            by=f"{socket.gethostname()}:{os.getpid()}",
+        )
 
 
 def known(conn: psycopg.Connection, kind: str) -> bool:
     """Whether some worker has registered ``kind``."""
     with db.translated():
-        return bool(conn.execute(q("kind_known"), {"kind": kind}).fetchone()[0])
+        return kinds_store.known(conn, kind)

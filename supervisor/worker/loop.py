@@ -12,7 +12,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import random
 import socket
 import threading
 import time
@@ -21,7 +20,8 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from pgfence.store import db
+from pgfence.store import db, renewals
+from pgfence.store import jobs as store
 from pgfence import errortext
 from pgfence.observe import metrics
 from pgfence import registry
@@ -31,8 +31,8 @@ from pgfence.errors import (DatabaseError, DatabaseUnavailable, LeaseLost, Paylo
 from pgfence.renewal.renewer import HeartbeatManager, validate_heartbeat
 from pgfence.job import Job, RawJSON
 from pgfence.worker.lease import Lease
-from pgfence.store.queries import q
 from pgfence.settings import Settings
+from pgfence.backoff import Backoff
 
 log = logging.getLogger("pgfence.worker")
 
@@ -86,6 +86,9 @@ class Worker:
         self.settings = settings
         self.name = name or default_name()
         self.stats = Stats()
+        #: The retry backoff of every failed attempt of this worker's jobs,
+        #: also those its own heartbeat manager reports.
+        self.retry_backoff = Backoff(settings.backoff_base, settings.backoff_max)
         self.on_job = on_job
         self._stop = threading.Event()
         self._conn: psycopg.Connection | None = None
@@ -96,7 +99,7 @@ class Worker:
             validate_heartbeat(settings.heartbeat, registry.specs())
             self.heartbeat = HeartbeatManager(dsn, default_lease=settings.lease, interval=settings.heartbeat,
                                               timeout_grace=settings.lost_lease_kill_after,
-                                              prepare=settings.prepare,
+                                              prepare=settings.prepare, backoff=self.retry_backoff,
                                               idle_in_transaction_timeout=settings.idle_in_transaction_timeout)
         self._last_prune = time.monotonic()
         #: When the next claim also looks for expired leases (monotonic).
@@ -120,7 +123,7 @@ class Worker:
             # by the server, so a worker frozen in a fenced() block does not
             # hold its rows' locks for ever (see session_settings).
             with db.translated(self.dsn):
-                conn.execute(q("session_settings"), {"idle_ms": self.settings.idle_in_transaction_ms})
+                renewals.session_settings(conn, self.settings.idle_in_transaction_ms)
             # Listen before the first claim, so that no enqueue can fall
             # between a claim that found nothing and the LISTEN.  Behind a
             # transaction-pooling PgBouncer there is no session to listen
@@ -167,33 +170,22 @@ class Worker:
         reclaim = sent_at >= self._next_reclaim_scan
         if reclaim:
             self._next_reclaim_scan = sent_at + min(RECLAIM_SCAN_INTERVAL, self.settings.lease / 10)
-        params = {
-            "queues": list(self.settings.queues),
-            "batch": batch or self.settings.batch,
-            "worker": self.name,
-            "lease": float(self.settings.lease),
-            "lease_kinds": lease_kinds,
-            "lease_secs": lease_secs,
-            "reclaim": reclaim,
-        }
         with db.translated(self.dsn):
-            rows = self.conn.execute(q("claim"), params).fetchall()
-        # UPDATE ... RETURNING has no guaranteed order: run the batch in the
-        # claim order (priority DESC, run_at, id) whatever the plan.
-        rows.sort(key=lambda r: (-r[9], r[12], r[0]))
+            rows = store.claim(self.conn, queues=self.settings.queues, batch=batch or self.settings.batch,
+                               worker=self.name, lease=float(self.settings.lease), lease_kinds=lease_kinds,
+                               lease_secs=lease_secs, reclaim=reclaim)
         jobs = []
         claimed: dict[tuple[str, str], int] = {}
         waits: dict[tuple[str, str], list[float]] = {}
         now = time.time()
         for row in rows:
-            (job_id, queue, kind, payload, status, attempt, max_attempts, _reclaims, _max_reclaims,
-             _priority, dedupe_key, _created_at, run_at, last_error, prev_status, lease_left) = row
-            if prev_status == "running":
+            job_id, queue, kind, attempt = row.id, row.queue, row.kind, row.attempt
+            if row.prev_status == "running":
                 metrics.RECLAIMS.labels(queue, kind).inc()
                 self.stats.reclaimed += 1
-            if status == "failed":
+            if row.status == "failed":
                 log.warning("job %s (%s) attempt %s failed at claim: %s", job_id, errortext.one_line(kind), attempt,
-                            errortext.first_line(last_error or ""))
+                            errortext.first_line(row.last_error or ""))
                 metrics.JOBS_FAILED.labels(queue, kind).inc()
                 self.stats.add(FAILED)
                 continue
@@ -209,9 +201,9 @@ class Worker:
                           enforce_deadline=self.settings.renew)
             if self.heartbeat is not None and self.settings.renew:
                 self.heartbeat.track(lease)
-            waits.setdefault((queue, kind), []).append(max(0.0, now - run_at.timestamp()))
-            jobs.append(Job(job_id, kind, queue, attempt, RawJSON(payload), lease, max_attempts, dedupe_key,
-                            conn=self.conn, fence=self.settings.fence))
+            waits.setdefault((queue, kind), []).append(max(0.0, now - row.run_at.timestamp()))
+            jobs.append(Job(job_id, kind, queue, attempt, RawJSON(row.payload), lease, row.max_attempts,
+                            row.dedupe_key, conn=self.conn, fence=self.settings.fence))
         for (queue, kind), count in claimed.items():   # once per batch, not per job
             metrics.of(metrics.JOBS_CLAIMED, queue, kind).inc(count)
             metrics.observe_many(metrics.of(metrics.JOB_WAIT, queue, kind), waits[queue, kind])
@@ -253,11 +245,11 @@ class Worker:
         other.  Returns how many were completed."""
         if not jobs:
             return 0
-        params = {"ids": db.array_literal(j.id for j in jobs), "attempts": db.array_literal(j.attempt for j in jobs)}
+        ids, attempts = [j.id for j in jobs], [j.attempt for j in jobs]
         unavailable = False
         try:
             # A deadlock or serialization failure wrote nothing: run again at once.
-            done = db.retrying(lambda: {row[0] for row in self.conn.execute(q("complete_many"), params)},
+            done = db.retrying(lambda: store.complete_many(self.conn, ids, attempts),
                                self.dsn, what="batched completion")
         except DatabaseError as exc:
             # Not known to be refused: the jobs stay running and are reclaimed
@@ -347,24 +339,16 @@ class Worker:
         return self._fail(job, f"handler returned an awaitable ({type(result).__name__}) instead of running: "
                                "pgfence runs handlers synchronously", final=True)
 
-    def backoff(self, attempt: int) -> float:
-        """Exponential backoff with jitter: half to all of base * 2**(attempt-1)."""
-        base = min(self.settings.backoff_max, self.settings.backoff_base * 2 ** max(0, attempt - 1))
-        return base * random.uniform(0.5, 1.0)
-
     def _fail(self, job: Job, error: str, *, final: bool, exc: BaseException | None = None) -> str:
         """Report a failed attempt through the fence (retry or fail), with
         the traceback of ``exc`` if given, and log it at WARNING: kind, id,
         attempt and the error's first line, escaped (never the payload)."""
-        backoff = self.backoff(job.attempt)
         # The text comes from the handler: made storable (no NUL, no lone
         # surrogate), or the report itself fails and the worker with it.
         error = errortext.storable(error)[:2000]
-        params = {"id": job.id, "attempt": job.attempt, "error": error,
-                  "traceback": errortext.storable(errortext.format_traceback(exc)) if exc is not None else None,
-                  "final": final, "backoff": backoff}
+        traceback = errortext.storable(errortext.format_traceback(exc)) if exc is not None else None
         try:
-            row = self._report_failure(job, params)
+            row = self._report_failure(job, error, traceback, final=final)
         except DatabaseError as exc:
             log.warning("job %s attempt %s: could not report its error (%s)", job.id, job.attempt, exc)
             self._forget_connection(exc)
@@ -382,36 +366,36 @@ class Worker:
             metrics.DOUBLE_RUN_PREVENTED.labels(job.queue, job.kind).inc()
             job.lease.mark_lost("fence_rejected")
             return LOST
-        status, _queue, _kind, spent, max_attempts = row
-        if status == "failed":
+        if row.status == "failed":
             log.warning("job %s (%s) attempt %s failed for good (%s of %s attempts spent): %s",
-                        job.id, errortext.one_line(job.kind), job.attempt, spent, max_attempts,
+                        job.id, errortext.one_line(job.kind), job.attempt, row.spent, row.max_attempts,
                         errortext.first_line(error))
-            metrics.JOBS_FAILED.labels(job.queue, job.kind).inc()
             return FAILED
         log.warning("job %s (%s) attempt %s failed, retrying in %.2fs (%s of %s attempts spent): %s",
-                    job.id, errortext.one_line(job.kind), job.attempt, backoff, spent, max_attempts,
+                    job.id, errortext.one_line(job.kind), job.attempt, row.delay, row.spent, row.max_attempts,
                     errortext.first_line(error))
-        metrics.JOBS_RETRIED.labels(job.queue, job.kind).inc()
         return RETRIED
 
-    def _report_failure(self, job: Job, params: dict) -> tuple | None:
+    def _report_failure(self, job: Job, error: str, traceback: str | None, *,
+                        final: bool) -> store.Reported | None:
         """Run ``fail_or_retry``; should the server refuse the error text
         itself (a character the database encoding lacks, say), report the
         failure again with a plain text instead, so the attempt is still
         counted and the job retried or failed."""
-        def report(values: dict) -> tuple | None:
-            return db.retrying(lambda: self.conn.execute(q("fail_or_retry"), values).fetchone(), self.dsn,
-                               what="error report")
+        def report(error: str, traceback: str | None) -> store.Reported | None:
+            return db.retrying(lambda: store.fail_or_retry(self.conn, job.id, job.attempt, error=error,
+                                                           traceback=traceback, final=final,
+                                                           backoff=self.retry_backoff),
+                               self.dsn, what="error report")
 
         try:
-            return report(params)
+            return report(error, traceback)
         except (DatabaseUnavailable, TransactionConflict):
             raise
         except (PgfenceError, psycopg.DataError) as exc:
             log.warning("job %s attempt %s: its error text was refused (%s); reporting it without the text",
                         job.id, job.attempt, errortext.first_line(str(exc)))
-            return report({**params, "error": "the handler's error message could not be stored", "traceback": None})
+            return report("the handler's error message could not be stored", None)
 
     def _put_back_unknown(self, job: Job) -> str:
         """Hand back (fenced) a job whose kind this worker does not know,
@@ -421,22 +405,23 @@ class Worker:
         known = ", ".join(registry.kinds()) or "none"
         error = (f"unknown job kind {job.kind!r}: no worker that claimed it knew it within "
                  f"{self.settings.unknown_kind_timeout:g}s of its creation (known here: {known})")
-        params = {"id": job.id, "attempt": job.attempt, "delay": self.settings.unknown_kind_delay,
-                  "give_up": self.settings.unknown_kind_timeout, "error": error[:2000]}
         try:
-            row = db.retrying(lambda: self.conn.execute(q("put_back_unknown"), params).fetchone(), self.dsn,
-                              what="put-back")
+            status = db.retrying(lambda: store.put_back_unknown(self.conn, job.id, job.attempt,
+                                                                delay=self.settings.unknown_kind_delay,
+                                                                give_up=self.settings.unknown_kind_timeout,
+                                                                error=error[:2000]),
+                                 self.dsn, what="put-back")
         except DatabaseError as exc:
             # Not known to be handed back: reclaimed once its lease runs out.
             log.warning("job %s attempt %s: could not put it back (%s)", job.id, job.attempt, exc)
             self._forget_connection(exc)
             return LOST
-        if row is None:
+        if status is None:
             metrics.DOUBLE_RUN_PREVENTED.labels(job.queue, job.kind).inc()
             job.lease.mark_lost("fence_rejected")
             return LOST
         metrics.of(metrics.UNKNOWN_KIND, job.queue, job.kind).inc()
-        if row[0] == "failed":
+        if status == "failed":
             log.warning("job %s (%s) attempt %s failed for good: %s", job.id, errortext.one_line(job.kind),
                         job.attempt, errortext.first_line(error))
             metrics.JOBS_FAILED.labels(job.queue, job.kind).inc()
@@ -456,9 +441,10 @@ class Worker:
         is tried again at the start of the next claim round."""
         if self.heartbeat is not None:
             self.heartbeat.untrack(job.lease)
-        params = {"id": job.id, "attempt": job.attempt, "reclaim": reclaim, "reason": reason}
         try:
-            row = db.retrying(lambda: self.conn.execute(q("release"), params).fetchone(), self.dsn, what="release")
+            released = db.retrying(lambda: store.release(self.conn, job.id, job.attempt, reclaim=reclaim,
+                                                         reason=reason),
+                                   self.dsn, what="release")
         except DatabaseError as exc:
             log.warning("job %s attempt %s: could not release it (%s)%s", job.id, job.attempt, exc,
                         "; trying again once the database answers" if retry_later else "")
@@ -466,9 +452,7 @@ class Worker:
             if retry_later:
                 self._unreleased.append(job)
             return False
-        if row is not None:
-            metrics.JOBS_RELEASED.labels(job.queue, job.kind).inc()
-        return row is not None
+        return released is not None
 
     def _drop_connection(self) -> None:
         if self._conn is not None:
@@ -578,13 +562,10 @@ class Worker:
         whose worker may have died), at most the poll interval.  When a lease
         end comes first, the claim after the sleep looks for expired leases
         whatever the reclaim scan's interval."""
-        params = {"queues": list(self.settings.queues)}
         try:
             with db.translated(self.dsn):
-                row = self.conn.execute(q("next_run_at"), params).fetchone()
-                until = row[0] if row else None
-                row = self.conn.execute(q("next_lease_end"), params).fetchone()
-                lease_end = row[0] if row else None
+                until = store.next_run_at(self.conn, self.settings.queues)
+                lease_end = store.next_lease_end(self.conn, self.settings.queues)
         except DatabaseError as exc:
             log.warning("worker %s cannot look up the next run_at: %s", self.name, exc)
             self._forget_connection(exc)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 
 from pgfence.store import db
-from pgfence.store.queries import q
+from pgfence.store import admin
 
 BATCH = 1000
 
@@ -14,7 +14,7 @@ BATCH = 1000
 def prune_once(conn: psycopg.Connection, retention: float, batch: int = BATCH) -> int:
     """Delete one batch; return how many rows it deleted."""
     with db.translated():
-        return len(conn.execute(q("prune_batch"), {"retention": retention, "batch": batch}).fetchall())
+        return admin.prune_batch(conn, retention=retention, batch=batch)
 
 
 def prune(conn: psycopg.Connection, retention: float, batch: int = BATCH, max_batches: int = 1000) -> int:

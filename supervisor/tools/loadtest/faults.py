@@ -34,7 +34,7 @@ from typing import Any
 
 import psycopg
 
-from pgfence.store.queries import q
+from pgfence.store import loadtest
 from pgfence.tools.loadtest.fleet import Fleet
 from pgfence.tools.loadtest.proxy import Proxy
 from pgfence.tools.loadtest.server import Server
@@ -171,10 +171,9 @@ class Faults:
         if not ours:
             return None
         try:
-            rows = self._control().execute(
-                q("loadtest_backends"), {"pids": ours, "dbname": self.server.dbname}).fetchall()
-            workers = [(pid, start) for pid, start, app in rows if app.startswith("pgfence worker ")]
-            heartbeats = [(pid, start) for pid, start, app in rows if app == "pgfence heartbeat"]
+            rows = loadtest.backends(self._control(), ours, self.server.dbname)
+            workers = [(b.pid, b.backend_start) for b in rows if b.application_name.startswith("pgfence worker ")]
+            heartbeats = [(b.pid, b.backend_start) for b in rows if b.application_name == "pgfence heartbeat"]
             if not workers and not heartbeats:
                 return None
             chosen = [("worker", b) for b in
@@ -183,8 +182,7 @@ class Faults:
             ended = {"worker": 0, "heartbeat": 0}
             for kind, (pid, start) in chosen:
                 # The same backend as seen above (pid and start time), or none.
-                row = self._control().execute(q("loadtest_terminate"), {"pid": pid, "started": start}).fetchone()
-                if row and row[0]:
+                if loadtest.terminate(self._control(), pid, start):
                     ended[kind] += 1
         except psycopg.Error:
             self._conn = None

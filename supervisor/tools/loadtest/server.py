@@ -21,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgfence.store import db
 from pgfence.store import embedded
-from pgfence.store import migrate
+from pgfence.store import loadtest, migrate
 from pgfence.handlers.tables import create_tables
 from pgfence.errors import ConfigError, DatabaseUnavailable, SchemaMissing
 
@@ -79,7 +79,7 @@ class Server:
             # which pgfence's migrations do not create.
             with db.translated():
                 create_tables(conn)
-            self.max_connections = int(conn.execute("SHOW max_connections").fetchone()[0])
+            self.max_connections = loadtest.max_connections(conn)
 
     @classmethod
     def open(cls, cli_dsn: str | None, *, embedded_in: Path | None) -> Server:

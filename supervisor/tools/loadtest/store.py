@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from pgfence.store.queries import q
+from pgfence.store import loadtest
 from pgfence.tools.loadtest.mix import JobSpec
 
 ENQUEUE_CHUNK = 5000
@@ -22,50 +22,45 @@ def enqueue(conn: psycopg.Connection, queue: str, specs: list[JobSpec]) -> dict[
     with conn.transaction():
         for start in range(0, len(specs), ENQUEUE_CHUNK):
             chunk = specs[start:start + ENQUEUE_CHUNK]
-            rows = conn.execute(q("loadtest_enqueue"), {
-                "queue": queue, "kinds": [s.kind for s in chunk], "payloads": [Jsonb(s.payload) for s in chunk],
-                "attempts": [s.max_attempts for s in chunk], "reclaims": [s.max_reclaims for s in chunk],
-            }).fetchall()
-            for n, job_id in rows:
-                ids[job_id] = chunk[n - 1].mix
+            rows = loadtest.enqueue_chunk(conn, queue, kinds=[s.kind for s in chunk],
+                                          payloads=[Jsonb(s.payload) for s in chunk],
+                                          attempts=[s.max_attempts for s in chunk],
+                                          reclaims=[s.max_reclaims for s in chunk])
+            for row in rows:
+                ids[row.id] = chunk[row.n - 1].mix
     return ids
 
 
 def states(conn: psycopg.Connection, queue: str) -> dict[str, int]:
-    rows = conn.execute(q("loadtest_states"), {"queue": queue}).fetchall()
-    return {status: n for status, n in rows}
+    return loadtest.states(conn, queue)
 
 
 def deadlocks(conn: psycopg.Connection) -> int:
     """Deadlocks detected in this database so far (pg_stat_database)."""
-    return conn.execute(q("loadtest_deadlocks")).fetchone()[0]
+    return loadtest.deadlocks(conn)
 
 
 def clock(conn: psycopg.Connection) -> Any:
     """The database clock now."""
-    return conn.execute(q("loadtest_clock")).fetchone()[0]
-
-
-def _dicts(cur: psycopg.Cursor) -> list[dict[str, Any]]:
-    names = [c.name for c in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
+    return loadtest.clock(conn)
 
 
 def jobs(conn: psycopg.Connection, queue: str) -> list[dict[str, Any]]:
-    return _dicts(conn.execute(q("loadtest_jobs"), {"queue": queue}))
+    """Every job of the run, as the audit reads it (by column name)."""
+    return [row._asdict() for row in loadtest.jobs(conn, queue)]
 
 
 def rows_by_job(conn: psycopg.Connection, queue: str, table: str) -> dict[int, list[dict[str, Any]]]:
     """The run's rows of pgfence_examples.effects or pgfence_examples.receipts, per job, in
     commit order."""
-    query = {"effects": "loadtest_effects", "receipts": "loadtest_receipts"}[table]
+    rows = loadtest.effects(conn, queue) if table == "effects" else loadtest.receipts(conn, queue)
     out: dict[int, list[dict[str, Any]]] = {}
-    for row in _dicts(conn.execute(q(query), {"queue": queue})):
-        out.setdefault(row["job_id"], []).append(row)
+    for row in rows:
+        out.setdefault(row.job_id, []).append(row._asdict())
     return out
 
 
 def cancel_leftovers(conn: psycopg.Connection, queue: str) -> int:
     """Cancel the run's jobs still queued or running once its supervisors are
     gone (an interrupted or timed-out run), so none is left behind."""
-    return conn.execute(q("loadtest_cancel_leftovers"), {"queue": queue}).rowcount
+    return loadtest.cancel_leftovers(conn, queue)

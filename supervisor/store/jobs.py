@@ -1,0 +1,227 @@
+"""The job statements of the worker and of the heartbeat manager
+(``sql/queries/jobs.sql``): one function per named query, typed parameters,
+typed rows.
+
+Every owner write (complete, batched complete, fail-or-retry, release,
+put-back) is issued from its function here and nowhere else, fenced by
+``(id, attempt)``, so its policy cannot differ between callers: the retry
+backoff is computed in :func:`fail_or_retry`, and the released, retried and
+failed counters are bumped next to the write that earned them.
+
+The functions run the statement and shape its rows; they neither translate
+driver errors nor retry (the caller wraps them in :func:`db.translated` or
+:func:`db.retrying`, which knows the DSN to scrub and what the statement is
+called in a log line).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from pgfence.backoff import Backoff
+from pgfence.store import db
+from pgfence.store.queries import q
+
+# _metrics_later: the counters are imported where they are bumped, not at the
+# top: the producer's enqueue lives here too, and `pgfence run` must set up
+# Prometheus's multiprocess directory before anything imports
+# prometheus_client (see observe/multiproc.prepare).
+
+
+class Claimed(NamedTuple):
+    """One row of ``claim``: a job this worker now runs, or a reclaim past
+    its budget that the claim turned failed (``status == "failed"``)."""
+
+    id: int
+    queue: str
+    kind: str
+    #: The payload as JSON text, decoded only if the handler reads it.
+    payload: str
+    status: str
+    attempt: int
+    max_attempts: int
+    reclaims: int
+    max_reclaims: int
+    priority: int
+    dedupe_key: str | None
+    created_at: datetime.datetime
+    run_at: datetime.datetime
+    last_error: str | None
+    #: "queued" for a first claim, "running" for a reclaim.
+    prev_status: str
+
+
+def _claim_order(row: Claimed) -> tuple[int, datetime.datetime, int]:
+    return -row.priority, row.run_at, row.id
+
+
+def claim(conn: psycopg.Connection, *, queues: Sequence[str], batch: int, worker: str, lease: float,
+          lease_kinds: list[str], lease_secs: list[float], reclaim: bool) -> list[Claimed]:
+    """Claim up to ``batch`` jobs of ``queues`` for ``worker``, in claim order
+    (priority DESC, run_at, id).  ``lease_kinds``/``lease_secs`` give the
+    lease of the kinds that have their own; ``reclaim`` also takes running
+    jobs whose lease ran out."""
+    params = {"queues": list(queues), "batch": batch, "worker": worker, "lease": lease,
+              "lease_kinds": lease_kinds, "lease_secs": lease_secs, "reclaim": reclaim}
+    make = Claimed._make
+    rows = [make(row) for row in conn.execute(q("claim"), params).fetchall()]
+    # UPDATE ... RETURNING has no guaranteed order: the batch runs in the
+    # claim's order whatever the plan.
+    rows.sort(key=_claim_order)
+    return rows
+
+
+def complete(conn: psycopg.Connection, job_id: int, attempt: int) -> bool:
+    """Fenced completion, in the caller's transaction; False when this
+    attempt no longer owns the job (the caller must roll back)."""
+    return conn.execute(q("complete"), {"id": job_id, "attempt": attempt}).fetchone() is not None
+
+
+def complete_unfenced(conn: psycopg.Connection, job_id: int) -> bool:
+    """UNSAFE completion by id alone (the demo's unprotected mode)."""
+    return conn.execute(q("complete_unfenced"), {"id": job_id}).fetchone() is not None
+
+
+def raising_completion(job_id: int, attempt: int, *, fence: bool = True) -> tuple[str, dict[str, int]]:
+    """The completion statement of a block sent in one round trip (a
+    pipeline, or ``fenced_writes``), to be queued after the block's own
+    statements: ``complete_or_raise`` raises SQLSTATE PF001 (see
+    :func:`db.fence_refused`) when the fence refuses, which aborts the
+    COMMIT queued behind it.  With ``fence`` False, ``complete_unfenced``."""
+    if fence:
+        return q("complete_or_raise"), {"id": job_id, "attempt": attempt}
+    return q("complete_unfenced"), {"id": job_id}
+
+
+def complete_many(conn: psycopg.Connection, ids: Iterable[int], attempts: Iterable[int]) -> set[int]:
+    """Fenced completion of many jobs in one statement, each by its own
+    ``(id, attempt)``; returns the ids that were still owned."""
+    params = {"ids": db.array_literal(ids), "attempts": db.array_literal(attempts)}
+    return {job_id for (job_id,) in conn.execute(q("complete_many"), params)}
+
+
+class Reported(NamedTuple):
+    """What ``fail_or_retry`` did to a job it still owned."""
+
+    #: "queued" (retried after ``delay``) or "failed" (for good).
+    status: str
+    queue: str
+    kind: str
+    #: Attempts spent (put-backs spent none).
+    spent: int
+    max_attempts: int
+    #: Seconds until the retry may run (meaningless once failed).
+    delay: float
+
+
+def fail_or_retry(conn: psycopg.Connection, job_id: int, attempt: int, *, error: str, traceback: str | None,
+                  final: bool, backoff: Backoff) -> Reported | None:
+    """Fenced error report: the job goes back to the queue after the
+    ``backoff`` delay of ``attempt``, or fails once its attempts are spent
+    (or with ``final``).  Counts it retried or failed.  None when this
+    attempt no longer owns the job: nothing was written."""
+    delay = backoff.delay(attempt)
+    row = conn.execute(q("fail_or_retry"), {"id": job_id, "attempt": attempt, "error": error,
+                                            "traceback": traceback, "final": final, "backoff": delay}).fetchone()
+    if row is None:
+        return None
+    status, queue, kind, spent, max_attempts = row
+    from pgfence.observe import metrics   # see _metrics_later
+    counter = metrics.JOBS_FAILED if status == "failed" else metrics.JOBS_RETRIED
+    counter.labels(queue, kind).inc()
+    return Reported(status, queue, kind, spent, max_attempts, delay)
+
+
+def put_back_unknown(conn: psycopg.Connection, job_id: int, attempt: int, *, delay: float, give_up: float,
+                     error: str) -> str | None:
+    """Fenced put-back of a job of a kind this worker does not know; the
+    job's new status ("queued", or "failed" once it is ``give_up`` seconds
+    old), or None when this attempt no longer owns it."""
+    row = conn.execute(q("put_back_unknown"), {"id": job_id, "attempt": attempt, "delay": delay,
+                                               "give_up": give_up, "error": error}).fetchone()
+    if row is None:
+        return None
+    (status,) = row
+    status_text: str = status
+    return status_text
+
+
+class Released(NamedTuple):
+    """A job handed back to the queue by :func:`release`."""
+
+    id: int
+    queue: str
+    kind: str
+
+
+def release(conn: psycopg.Connection, job_id: int, attempt: int, *, reclaim: bool = False,
+            reason: str | None = None) -> Released | None:
+    """Fenced release: the job goes back to the queue at once (``reclaim``
+    counts it against its reclaim budget, ``reason`` becomes its last
+    error).  Counts it released.  None when this attempt no longer owns it."""
+    row = conn.execute(q("release"), {"id": job_id, "attempt": attempt, "reclaim": reclaim,
+                                      "reason": reason}).fetchone()
+    if row is None:
+        return None
+    released = Released._make(row)
+    from pgfence.observe import metrics   # see _metrics_later
+    metrics.JOBS_RELEASED.labels(released.queue, released.kind).inc()
+    return released
+
+
+def _seconds(conn: psycopg.Connection, name: str, queues: Sequence[str]) -> float | None:
+    row = conn.execute(q(name), {"queues": list(queues)}).fetchone()
+    if row is None:
+        return None
+    (seconds,) = row
+    value: float | None = seconds
+    return value
+
+
+def next_run_at(conn: psycopg.Connection, queues: Sequence[str]) -> float | None:
+    """Seconds until the earliest run_at still to come among the queued jobs
+    of ``queues``; None if there is none."""
+    return _seconds(conn, "next_run_at", queues)
+
+
+def next_lease_end(conn: psycopg.Connection, queues: Sequence[str]) -> float | None:
+    """Seconds until the earliest lease still to run out among the running
+    jobs of ``queues``; None if there is none."""
+    return _seconds(conn, "next_lease_end", queues)
+
+
+class Owned(NamedTuple):
+    """A running job and the attempt that holds it."""
+
+    id: int
+    attempt: int
+
+
+def owned_running(conn: psycopg.Connection, owner: str) -> list[Owned]:
+    """The running jobs claimed under the worker name ``owner``."""
+    return [Owned._make(row) for row in conn.execute(q("owned_running"), {"owner": owner})]
+
+
+def still_owned(conn: psycopg.Connection, job_id: int, attempt: int) -> bool:
+    """Whether ``attempt`` still owns the job (running, same attempt)."""
+    row = conn.execute(q("still_owned"), {"id": job_id, "attempt": attempt}).fetchone()
+    return row is not None and bool(row[0])
+
+
+def enqueue(conn: psycopg.Connection, *, kind: str, payload: Jsonb, queue: str | None, priority: int,
+            run_at: datetime.datetime | None, delay: float, max_attempts: int | None, dedupe_key: str | None,
+            max_reclaims: int | None) -> int:
+    """Enqueue one job in the caller's transaction; its id.  A None queue,
+    max_attempts or max_reclaims takes the kind's registered option."""
+    row = conn.execute(q("enqueue"), {"kind": kind, "payload": payload, "queue": queue, "priority": priority,
+                                      "run_at": run_at, "delay": delay, "max_attempts": max_attempts,
+                                      "dedupe_key": dedupe_key, "max_reclaims": max_reclaims}).fetchone()
+    if row is None:   # a SELECT of one function call always returns its row
+        raise AssertionError("enqueue returned no row")
+    job_id: int = row[0]
+    return job_id
