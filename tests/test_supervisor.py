@@ -427,11 +427,11 @@ def test_workers_that_die_at_start_stop_the_arbiter_after_a_bounded_number_of_tr
 HEARTBEAT_CRASH_MODULE = """\
 import os
 
-from pgfence.renewal import process as heartbeat_process
+from pgfence.renewal import process as renewal_process
 
 # The arbiter forks its heartbeat managers after importing this module: each
 # one dies at once, before its first round.  The workers are fine.
-heartbeat_process.main = lambda *args: os._exit(1)
+renewal_process.main = lambda *args: os._exit(1)
 """
 
 

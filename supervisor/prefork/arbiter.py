@@ -2,8 +2,8 @@
 
 It forks N worker children and two helper processes, the renewal process
 (the heartbeat manager, which renews the children's leases) and the metrics
-server; it reaps and respawns them, and acts on signals.  It holds no database connection and runs no
-thread, so every fork is safe.  Signal handlers only record the signal; the
+server; it reaps and respawns them, and acts on signals.  It holds no
+database connection and runs no thread, so every fork is safe.  Signal handlers only record the signal; the
 main loop dispatches it by name to a ``handle_<name>`` method.
 
 Signals:
@@ -51,7 +51,11 @@ log = logging.getLogger("pgfence.arbiter")
 
 SIGNALS = ("HUP", "INT", "QUIT", "TERM", "TTIN", "TTOU", "CHLD")
 
-__all__ = ["MAX_BOOT_FAILURES", "Arbiter", "Stop"]
+# MAX_BOOT_FAILURES (from helper.py) applies to workers too: this many
+# children in a row dying before they were up (connected and ticking) and the
+# arbiter halts instead of forking on.
+__all__ = ["MAX_BOOT_FAILURES", "Arbiter", "Child", "Kill", "Stop"]
+
 #: A child that was up and crashes within this many seconds of its start
 #: extends the crash streak; one that lived longer starts a new streak.
 CRASH_STREAK_WINDOW = 30.0
@@ -75,23 +79,42 @@ class Stop(StrEnum):
     FAST = "fast"
 
 
+class Kill(StrEnum):
+    """Why the arbiter killed a child (SIGKILL)."""
+
+    #: The drain's deadline passed, or a fast stop.
+    STOP = "stop"
+    #: It still ran a job past its timeout, or a job whose lease was lost,
+    #: beyond the grace period.
+    LOST = "lost"
+    #: As LOST, but the lease was lost to a renewal that failed (the database
+    #: out of reach): its jobs are released without counting against their
+    #: max_reclaims.
+    OUTAGE = "outage"
+
+
 @dataclass
 class Child:
+    """A worker child's life, as the arbiter sees it: started, then perhaps
+    asked to go (TERM), then perhaps killed, for one reason."""
+
     pid: int
     number: int
     slot: int
     started: float
-    #: Set when the arbiter asked it to go (TERM) or killed it (KILL).
-    retiring: bool = False
-    killed_for_stop: bool = False
+    #: When the arbiter asked it to go (TERM): a reload, a scale down, a drain.
     term_sent_at: float | None = None
-    killed_for_lost: bool = False
-    #: Killed because a lease it held was lost to a renewal that failed (the
-    #: database out of reach): its jobs are released without counting
-    #: against their max_reclaims.
-    killed_for_outage: bool = False
-    #: The child ticked at least once: it connected and was ready to work.
-    booted: bool = False
+    #: Why the arbiter killed it, if it did.
+    killed: Kill | None = None
+
+    @property
+    def retiring(self) -> bool:
+        """Asked to go: it no longer counts among the workers."""
+        return self.term_sent_at is not None
+
+    @property
+    def killed_for_lost(self) -> bool:
+        return self.killed in (Kill.LOST, Kill.OUTAGE)
 
 
 @dataclass
@@ -123,11 +146,11 @@ class Arbiter:
         self.renewal = HelperProcess("heartbeat manager", self._start_renewal,
                                      lambda pid, _lived: self.table.renewal_stats().pid == pid)
         #: The metrics server, when a socket was bound for it.
-        self.metrics: HelperProcess | None = None
+        self.metrics_process: HelperProcess | None = None
         if metrics_sock is not None:
-            self.metrics = HelperProcess("metrics server", self._start_metrics,
-                                         lambda _pid, lived: lived >= METRICS_UP_AFTER,
-                                         detail=self._metrics_url)
+            self.metrics_process = HelperProcess("metrics server", self._start_metrics,
+                                                 lambda _pid, lived: lived >= METRICS_UP_AFTER,
+                                                 detail=self._metrics_url)
         # A renewal round may take a statement timeout (one interval) plus a
         # pool wait (at least 1 s); silence well beyond that is a stall.
         self.renewal_stall = 3 * settings.heartbeat_interval + 5.0
@@ -324,7 +347,7 @@ class Arbiter:
                 helper.spawn()
 
     def _helpers(self) -> list[HelperProcess]:
-        return [self.renewal] + ([self.metrics] if self.metrics is not None else [])
+        return [self.renewal] + ([self.metrics_process] if self.metrics_process is not None else [])
 
     def reap_workers(self) -> None:
         while True:
@@ -350,7 +373,8 @@ class Arbiter:
 
     def _child_exited(self, c: Child, status: int, how: str) -> None:
         held = self.table.held(c.slot)
-        c.booted = self.table.slot(c.slot).alive_at > 0
+        # The child ticked at least once: it connected and was ready to work.
+        booted = self.table.slot(c.slot).alive_at > 0
         planned = c.retiring or self._stopping
         level = logging.INFO if planned and os.waitstatus_to_exitcode(status) == 0 else logging.WARNING
         log.log(level, "worker %d (pid %d) %s%s", c.number, c.pid, how,
@@ -359,8 +383,8 @@ class Arbiter:
         # A child that was up and did not exit cleanly may also hold a claim
         # it had no time to publish: the heartbeat manager looks for those by
         # name.  One that never came up (never ticked) never claimed.
-        if held or (c.booted and os.waitstatus_to_exitcode(status) != 0):
-            stop_kill = c.killed_for_stop or c.killed_for_outage or self._stopping is not None
+        if held or (booted and os.waitstatus_to_exitcode(status) != 0):
+            stop_kill = c.killed in (Kill.STOP, Kill.OUTAGE) or self._stopping is not None
             self.table.set_state(c.slot, ORPHANED_STOP if stop_kill else ORPHANED_CRASH)
             self._wake_renewal()
         else:
@@ -373,7 +397,7 @@ class Arbiter:
         if not planned:
             self.stats.restarts += 1
             metrics.WORKER_RESTARTS.inc()
-            if not c.booted:
+            if not booted:
                 self._boot_failures += 1
                 if self._boot_failures >= MAX_BOOT_FAILURES:
                     self._halt(f"workers keep dying at start ({self._boot_failures} in a row, last {how}); stopping")
@@ -415,7 +439,6 @@ class Arbiter:
         self.renewal.kill(signal.SIGUSR1)
 
     def _term(self, c: Child) -> None:
-        c.retiring = True
         if c.term_sent_at is None:
             c.term_sent_at = time.monotonic()
             _kill(c.pid, signal.SIGTERM)
@@ -430,8 +453,8 @@ class Arbiter:
         next_kill = float("inf")
         for c in list(self.children.values()):
             if self._stopping and now >= self._drain_deadline:
-                if not c.killed_for_stop:
-                    c.killed_for_stop = True
+                if c.killed is not Kill.STOP:
+                    c.killed = Kill.STOP
                     if self._stopping is Stop.GRACEFUL:
                         log.warning("worker %d (pid %d) still busy at the drain deadline: killing it",
                                     c.number, c.pid)
@@ -449,7 +472,7 @@ class Arbiter:
                 if held.timeout is not None and held.started_at is not None:
                     kill_at = held.started_at + held.timeout + grace
                     if now >= kill_at:
-                        c.killed_for_lost = True
+                        c.killed = Kill.LOST
                         log.warning("worker %d (pid %d) still runs job %d attempt %d %gs after its timeout "
                                     "(%gs): killing it", c.number, c.pid, held.job_id, held.attempt, grace,
                                     held.timeout)
@@ -459,9 +482,8 @@ class Arbiter:
                 renewal = self.table.read_renewal(c.slot, held.entry, held.job_id, held.attempt)
                 if renewal and renewal.lost and renewal.lost != "timeout":
                     if now - renewal.lost_at >= grace:
-                        c.killed_for_lost = True
                         # An outage lost the lease, not the job or its worker.
-                        c.killed_for_outage = renewal.lost == "renewal_failed"
+                        c.killed = Kill.OUTAGE if renewal.lost == "renewal_failed" else Kill.LOST
                         log.warning("worker %d (pid %d) still runs job %d attempt %d %gs after its lease was lost "
                                     "(%s): killing it", c.number, c.pid, held.job_id, held.attempt, grace,
                                     renewal.lost)

@@ -45,7 +45,7 @@ METRICS_UP_AFTER = 1.0
 def boot_backoff(failures: int) -> float:
     """Seconds before the next start after ``failures`` failures to start
     in a row: 0.2, 0.4, 0.8... capped at ``BOOT_BACKOFF_MAX``."""
-    return min(BOOT_BACKOFF_MAX, 0.1 * 2 ** failures)
+    return min(BOOT_BACKOFF_MAX, 0.1 * 2.0 ** failures)
 
 
 class HelperProcess:

@@ -32,9 +32,15 @@ from pgfence.prefork.slots import ACTIVE, FREE, ORPHANED_CRASH, ORPHANED_STOP, S
 
 log = logging.getLogger("pgfence.heartbeat")
 
+#: Where a held lease sits: (slot, entry, job id, attempt).
+Key = tuple[int, int, int, int]
 
-class HeartbeatProcess:
-    def __init__(self, dsn: str, settings: Settings, table: SlotTable, *, liveness: float, instance: str):
+
+class RenewalProcess:
+    """The heartbeat manager's process: lease renewal for every child,
+    driven by the slot table."""
+
+    def __init__(self, dsn: str, settings: Settings, table: SlotTable, *, liveness: float, instance: str) -> None:
         self.table = table
         #: The supervisor's instance id, in its children's names.
         self.instance = instance
@@ -51,14 +57,14 @@ class HeartbeatProcess:
         self.wake = max(0.02, min([0.5, renew_period(settings.lease, settings.heartbeat) / 2] + spans))
         # The manager's own view of each held lease, keyed by (slot, entry,
         # job id, attempt); rebuilt from the slot table every round.
-        self._leases: dict[tuple[int, int, int, int], Lease] = {}
+        self._leases: dict[Key, Lease] = {}
         self.rounds = 0
 
-    def held_leases(self, now: float) -> tuple[list[Lease], list[tuple]]:
+    def held_leases(self, now: float) -> tuple[list[Lease], list[Key]]:
         """Leases of live children (to renew) and the keys they sit at."""
-        seen = set()
+        seen: set[Key] = set()
         renew: list[Lease] = []
-        keys: list[tuple] = []
+        keys: list[Key] = []
         for slot in range(self.table.nslots):
             info = self.table.slot(slot)
             if info.state != ACTIVE:
@@ -188,7 +194,7 @@ def main(dsn: str, settings: Settings, table: SlotTable, liveness: float, instan
         signal.signal(sig, signal.SIG_IGN)
     # Blocked by the arbiter across the fork (see child.STARTUP_BLOCKED).
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGUSR1})
-    process = HeartbeatProcess(dsn, settings, table, liveness=liveness, instance=instance)
+    process = RenewalProcess(dsn, settings, table, liveness=liveness, instance=instance)
     next_at = time.monotonic()
     try:
         while not stop:
