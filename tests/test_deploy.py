@@ -474,8 +474,21 @@ def test_dockerfile_copies_what_the_package_build_needs():
             sources.update(shlex.split(args)[:-1])
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     needed = {"pyproject.toml", project["project"]["readme"]}
-    needed |= {p.split(".")[0] for p in project["tool"]["setuptools"]["packages"]}
-    needed |= {d.split("/")[0] for d in project["tool"]["setuptools"]["package-dir"].values()}
+    package_dir = project["tool"]["setuptools"]["package-dir"]
+
+    def folder(package: str) -> str:
+        """The repository folder a package is built from: package-dir maps
+        its longest mapped prefix (pgfence.handlers -> handlers), else the
+        package's own first name is the folder."""
+        parts = package.split(".")
+        for n in range(len(parts), 0, -1):
+            prefix = ".".join(parts[:n])
+            if prefix in package_dir:
+                return package_dir[prefix].split("/")[0]
+        return parts[0]
+
+    needed |= {folder(p) for p in project["tool"]["setuptools"]["packages"]}
+    needed |= {d.split("/")[0] for d in package_dir.values()}
     assert needed <= sources, needed - sources
     for source in sources:
         assert (ROOT / source).exists(), source
