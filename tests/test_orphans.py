@@ -8,7 +8,7 @@ import socket
 from pgtools import job_row
 from pgfence import enqueue
 from pgfence.prefork.child import worker_name
-from pgfence.renewal.process import HeartbeatProcess
+from pgfence.renewal.process import RenewalProcess
 from pgfence.store.queries import q
 from pgfence.settings import Settings
 from pgfence.prefork.slots import FREE, ORPHANED_CRASH, ORPHANED_STOP, SlotTable
@@ -34,7 +34,7 @@ def test_a_claim_the_dead_child_never_published_is_found_by_its_name(dsn, conn):
     table.publish(1, 0, a, attempt_a, 30.0, 0.0, None)
     # Another live worker's claim is not touched.
     [(c, _)] = claim_as(conn, worker_name(4343, 8, INSTANCE))
-    process = HeartbeatProcess(dsn, Settings(lease=30), table, liveness=1.0, instance=INSTANCE)
+    process = RenewalProcess(dsn, Settings(lease=30), table, liveness=1.0, instance=INSTANCE)
     try:
         assert process.release_orphans() == 2
     finally:
@@ -53,7 +53,7 @@ def test_a_shutdown_kill_releases_without_counting_a_reclaim(dsn, conn):
     owner = worker_name(5151, 1, INSTANCE)
     [(_, attempt)] = claim_as(conn, owner)
     table.set_slot(0, ORPHANED_STOP, 5151, 1)
-    process = HeartbeatProcess(dsn, Settings(lease=30), table, liveness=1.0, instance=INSTANCE)
+    process = RenewalProcess(dsn, Settings(lease=30), table, liveness=1.0, instance=INSTANCE)
     try:
         assert process.release_orphans() == 1
     finally:
@@ -75,7 +75,7 @@ def test_a_dead_childs_release_never_touches_another_supervisors_job_of_the_same
     [(c, _)] = claim_as(conn, f"{socket.gethostname()}:13:w2")      # a name without any instance id
     assert (a, b, c) == (mine, theirs, old_style)
     table.set_slot(0, ORPHANED_CRASH, 13, 2)
-    process = HeartbeatProcess(dsn, Settings(lease=30), table, liveness=1.0, instance=INSTANCE)
+    process = RenewalProcess(dsn, Settings(lease=30), table, liveness=1.0, instance=INSTANCE)
     try:
         assert process.release_orphans() == 1
     finally:

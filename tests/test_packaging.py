@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import site
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from pgtools import ROOT
+from pgtools import ROOT, scalar, wait_for
 from pgfence.store import migrate
 
 #: What the Dockerfile copies into its build stage: all a wheel is built from.
@@ -133,3 +134,86 @@ def test_installed_wheel_migrates_reports_and_works_outside_the_repository(insta
 
     # Nothing was written into the folder the commands ran from.
     assert list(tmp_path.iterdir()) == []
+
+
+def venv_env(venv: Path) -> dict[str, str]:
+    """The environment of a command of ``venv``: nothing of the checkout (no
+    PYTHONPATH) and none of the caller's pgfence settings."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PGFENCE_") and k not in ("DATABASE_URL", "PYTHONPATH", "VIRTUAL_ENV")}
+    env["PGFENCE_METRICS_PORT"] = "0"
+    return env
+
+
+def in_venv(venv: Path, cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv / "bin" / args[0]), *args[1:]], cwd=cwd, env=venv_env(venv),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+IMPORT_FAILS = """\
+import importlib, sys
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        print(name, "ModuleNotFoundError", exc.name)
+    else:
+        print(name, "imported")
+"""
+
+
+def test_pgfence_and_supervisord_install_side_by_side(wheel, dsn, conn, tmp_path):
+    """pgfence no longer installs a top-level ``supervisor`` (nor
+    ``handlers``) package: in a fresh virtual environment holding only
+    pgfence neither name imports, and supervisord installed next to it keeps
+    its own ``supervisor`` while ``pgfence run`` still works."""
+    venv = tmp_path / "venv"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    installed = in_venv(venv, cwd, "pip", "install", "--quiet", str(wheel))
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+
+    alone = in_venv(venv, cwd, "python", "-c", IMPORT_FAILS, "pgfence", "supervisor", "handlers")
+    assert alone.returncode == 0, alone.stderr
+    assert alone.stdout.splitlines() == ["pgfence imported", "supervisor ModuleNotFoundError supervisor",
+                                         "handlers ModuleNotFoundError handlers"]
+
+    added = in_venv(venv, cwd, "pip", "install", "--quiet", "supervisor")
+    assert added.returncode == 0, added.stdout + added.stderr
+    both = in_venv(venv, cwd, "python", "-c",
+                   "import pgfence, supervisor, supervisor.options, supervisor.supervisord\n"
+                   "print(pgfence.__file__); print(supervisor.__file__); print(supervisor.options.__file__)")
+    assert both.returncode == 0, both.stderr
+    pgfence_file, supervisor_file, options_file = map(Path, both.stdout.split())
+    [site_packages] = {p.parent.parent for p in (pgfence_file, supervisor_file)}
+    assert site_packages.name == "site-packages" and site_packages.is_relative_to(venv), site_packages
+    assert pgfence_file == site_packages / "pgfence" / "__init__.py"
+    assert supervisor_file == site_packages / "supervisor" / "__init__.py"
+    assert options_file == site_packages / "supervisor" / "options.py"
+    listed = in_venv(venv, cwd, "pip", "show", "--files", "supervisor")
+    assert "supervisor/options.py" in listed.stdout, listed.stdout
+
+    # pgfence run, next to supervisord, completes a job and stops on TERM.
+    job_id = scalar(conn, "SELECT pgfence.enqueue('noop')")
+    env = venv_env(venv)
+    env["PGFENCE_DSN"] = dsn
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(venv / "bin" / "pgfence"), "run", "--workers", "1",
+                                 "--handlers", "pgfence.handlers.builtin"],
+                                cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: scalar(conn, "SELECT status FROM pgfence.jobs WHERE id = %s", (job_id,)) == "done"
+                 or proc.poll() is not None, timeout=60, message="the noop job done")
+        assert proc.poll() is None, log.read_text()
+        assert scalar(conn, "SELECT status FROM pgfence.jobs WHERE id = %s", (job_id,)) == "done"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in log.read_text()
+    assert list(cwd.iterdir()) == []

@@ -21,8 +21,10 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from metricstools import free_port, http_get
 from pgtools import env_for, job_row, pgfence, scalar, spawn, wait_for
 from pgfence.prefork.arbiter import MAX_BOOT_FAILURES
+from pgfence.prefork.helper import METRICS_UP_AFTER, boot_backoff
 
 #: The lease of the arbiters' workers; the heartbeat runs every third of it.
 LEASE = 1.5
@@ -81,7 +83,7 @@ def ours(pid: int) -> bool:
     """``pid`` runs and is a pgfence process: titled, or not yet (or never)
     retitled (``python -m pgfence ...``); a reused pid is not ours."""
     raw = cmdline(pid)
-    return running(pid) and (raw.startswith(b"pgfence ") or b"\0-m\0supervisor\0" in raw)
+    return running(pid) and (raw.startswith(b"pgfence ") or b"\0-m\0pgfence\0" in raw)
 
 
 def final_stats(log: str) -> tuple[int, int, int, int]:
@@ -425,11 +427,11 @@ def test_workers_that_die_at_start_stop_the_arbiter_after_a_bounded_number_of_tr
 HEARTBEAT_CRASH_MODULE = """\
 import os
 
-from pgfence.renewal import process as heartbeat_process
+from pgfence.renewal import process as renewal_process
 
 # The arbiter forks its heartbeat managers after importing this module: each
 # one dies at once, before its first round.  The workers are fine.
-heartbeat_process.main = lambda *args: os._exit(1)
+renewal_process.main = lambda *args: os._exit(1)
 """
 
 
@@ -452,6 +454,71 @@ def test_a_heartbeat_manager_that_dies_at_start_stops_the_arbiter_after_a_bounde
     assert "Traceback" not in log
     assert run.leftovers() == []
     assert sessions(conn) == []
+
+
+METRICS_STARTED = re.compile(r"metrics server started \(pid (\d+)\) on http://")
+
+
+def test_a_metrics_server_killed_at_start_again_and_again_comes_back_later_each_time_then_the_arbiter_halts(
+        dsn, conn, runs):
+    """The metrics server is supervised like the renewal process: killed
+    once it was up, it is back at once; killed before it was up, it is back
+    after a growing delay, and after MAX_BOOT_FAILURES such deaths in a row
+    the arbiter halts instead of forking it on forever."""
+    port = free_port()
+    run = runs("--workers", "1", "--metrics-port", str(port), "--handlers", "pgfence.handlers.builtin", dsn=dsn)
+
+    def started() -> list[int]:
+        return [int(p) for p in METRICS_STARTED.findall(run.log())]
+
+    def next_pid(after: int) -> tuple[int, float]:
+        """Wait for the metrics server started after the ``after``-th; its
+        pid and when this test saw it."""
+        pids = wait_for(lambda: started() if len(started()) > after else None, timeout=30, interval=0.01,
+                        message=f"metrics server #{after + 1} started")
+        return pids[after], time.monotonic()
+
+    first, first_seen = next_pid(0)
+    wait_for(lambda: http_get(f"http://127.0.0.1:{port}/healthz") == (200, "ok\n"), timeout=20)
+    # Up: it lived longer than a start takes.
+    wait_for(lambda: time.monotonic() - first_seen > METRICS_UP_AFTER + 0.2, timeout=10,
+             message="the first metrics server up")
+    os.kill(first, signal.SIGKILL)
+    next_pid(1)
+    assert "metrics server killed by SIGKILL; restarting it" in run.log()
+
+    # Now each one is killed the moment it appears, before it is up.
+    gaps = []
+    killed_at = 0.0
+    for n in range(1, MAX_BOOT_FAILURES + 1):
+        pid, seen = next_pid(n)
+        if n > 1:
+            gaps.append(seen - killed_at)
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+
+    assert run.wait(30) == 1, run.log()
+    log = run.log()
+    # Each restart waited at least its backoff (the delay counts from the
+    # arbiter reaping the dead one, after this test killed it), and not much
+    # more than that: the arbiter's loop wakes up for it.
+    delays = [boot_backoff(failures) for failures in range(1, MAX_BOOT_FAILURES)]
+    assert len(gaps) == len(delays) == MAX_BOOT_FAILURES - 1
+    for gap, delay in zip(gaps, delays, strict=True):
+        assert delay <= gap < delay + 3.0, (gaps, delays)
+    assert gaps[-1] > gaps[0], gaps
+    for delay in delays:
+        assert f"metrics server killed by SIGKILL before it was up; restarting it in {delay:.1f}s" in log, log
+    errors = [line for line in log.splitlines() if line.startswith("pgfence: error: ")]
+    assert errors == [f"pgfence: error: the metrics server keeps dying at start ({MAX_BOOT_FAILURES} in a row,"
+                      " last killed by SIGKILL); stopping"], log
+    # The first one, its immediate replacement, and one per failure: no more.
+    assert len(started()) == 1 + MAX_BOOT_FAILURES, log
+    assert "Traceback" not in log
+    assert run.leftovers() == []
+    # A killed server's database session ends when its backend sees the
+    # socket closed.
+    wait_for(lambda: sessions(conn) == [], timeout=10, message="no pgfence session left")
 
 
 # -- 6. settings -----------------------------------------------------------------------------

@@ -61,9 +61,9 @@ class MetricsServer:
     # -- checks ------------------------------------------------------------------
 
     def healthy(self) -> tuple[bool, str]:
-        tick, _target = self.table.arbiter()
-        age = time.monotonic() - tick
-        if tick and age <= HEALTHY_WITHIN:
+        alive_at = self.table.arbiter_state().alive_at
+        age = time.monotonic() - alive_at
+        if alive_at and age <= HEALTHY_WITHIN:
             return True, "ok"
         return False, f"arbiter loop silent for {age:.0f}s"
 
@@ -71,7 +71,7 @@ class MetricsServer:
         ok, why = self.healthy()
         if not ok:
             return ok, why
-        _tick, target = self.table.arbiter()
+        target = self.table.arbiter_state().target
         up = self.table.workers_up(self.liveness)
         if up < target:
             return False, f"{up} of {target} workers up"

@@ -1,8 +1,9 @@
 """The arbiter: the parent process of ``pgfence run``.
 
-It forks N worker children and one heartbeat manager, reaps and respawns
-them, and acts on signals.  It holds no database connection and runs no
-thread, so every fork is safe.  Signal handlers only record the signal; the
+It forks N worker children and two helper processes, the renewal process
+(the heartbeat manager, which renews the children's leases) and the metrics
+server; it reaps and respawns them, and acts on signals.  It holds no
+database connection and runs no thread, so every fork is safe.  Signal handlers only record the signal; the
 main loop dispatches it by name to a ``handle_<name>`` method.
 
 Signals:
@@ -30,28 +31,31 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 
 from prometheus_client import multiprocess
 
-from pgfence.prefork import child
-from pgfence.renewal import process as heartbeat_process
+from pgfence import registry
+from pgfence.errors import ConfigError
 from pgfence.observe import metrics
 from pgfence.observe import server as metrics_server
-from pgfence.prefork import proctitle
-from pgfence import registry
-from pgfence.renewal.renewer import validate_heartbeat
-from pgfence.prefork.sdnotify import Notifier
-from pgfence.errors import ConfigError
-from pgfence.settings import Settings
+from pgfence.prefork import child, proctitle
+from pgfence.prefork.helper import MAX_BOOT_FAILURES, METRICS_UP_AFTER, HelperProcess, boot_backoff
+from pgfence.prefork.sdnotify import SystemdReporter
 from pgfence.prefork.slots import ACTIVE, FREE, ORPHANED_CRASH, ORPHANED_STOP, SlotTable
+from pgfence.renewal import process as renewal_process
+from pgfence.renewal.renewer import validate_heartbeat
+from pgfence.settings import Settings
 
 log = logging.getLogger("pgfence.arbiter")
 
 SIGNALS = ("HUP", "INT", "QUIT", "TERM", "TTIN", "TTOU", "CHLD")
 
-#: This many children in a row dying before they were up (connected and
-#: ticking) and the arbiter halts instead of forking on.
-MAX_BOOT_FAILURES = 5
+# MAX_BOOT_FAILURES (from helper.py) applies to workers too: this many
+# children in a row dying before they were up (connected and ticking) and the
+# arbiter halts instead of forking on.
+__all__ = ["MAX_BOOT_FAILURES", "Arbiter", "Child", "Kill", "Stop"]
+
 #: A child that was up and crashes within this many seconds of its start
 #: extends the crash streak; one that lived longer starts a new streak.
 CRASH_STREAK_WINDOW = 30.0
@@ -66,23 +70,51 @@ def crash_backoff(streak: int) -> float:
     return 0.0 if streak < 2 else min(CRASH_BACKOFF_MAX, 0.1 * 2 ** (streak - 1))
 
 
+class Stop(StrEnum):
+    """How the arbiter stops."""
+
+    #: TERM: children finish their jobs within the graceful timeout.
+    GRACEFUL = "graceful"
+    #: INT, QUIT, a halt: children killed, their jobs released at once.
+    FAST = "fast"
+
+
+class Kill(StrEnum):
+    """Why the arbiter killed a child (SIGKILL)."""
+
+    #: The drain's deadline passed, or a fast stop.
+    STOP = "stop"
+    #: It still ran a job past its timeout, or a job whose lease was lost,
+    #: beyond the grace period.
+    LOST = "lost"
+    #: As LOST, but the lease was lost to a renewal that failed (the database
+    #: out of reach): its jobs are released without counting against their
+    #: max_reclaims.
+    OUTAGE = "outage"
+
+
 @dataclass
 class Child:
+    """A worker child's life, as the arbiter sees it: started, then perhaps
+    asked to go (TERM), then perhaps killed, for one reason."""
+
     pid: int
     number: int
     slot: int
     started: float
-    #: Set when the arbiter asked it to go (TERM) or killed it (KILL).
-    retiring: bool = False
-    killed_for_stop: bool = False
+    #: When the arbiter asked it to go (TERM): a reload, a scale down, a drain.
     term_sent_at: float | None = None
-    killed_for_lost: bool = False
-    #: Killed because a lease it held was lost to a renewal that failed (the
-    #: database out of reach): its jobs are released without counting
-    #: against their max_reclaims.
-    killed_for_outage: bool = False
-    #: The child ticked at least once: it connected and was ready to work.
-    booted: bool = False
+    #: Why the arbiter killed it, if it did.
+    killed: Kill | None = None
+
+    @property
+    def retiring(self) -> bool:
+        """Asked to go: it no longer counts among the workers."""
+        return self.term_sent_at is not None
+
+    @property
+    def killed_for_lost(self) -> bool:
+        return self.killed in (Kill.LOST, Kill.OUTAGE)
 
 
 @dataclass
@@ -97,11 +129,7 @@ class Arbiter:
                  metrics_sock: socket.socket | None = None):
         #: Bound by the caller before any fork; served by the metrics child.
         self.metrics_sock = metrics_sock
-        self.metrics_pid: int | None = None
-        self.notifier = Notifier()
-        self._ready_sent = False
-        self._stopping_sent = False
-        self._last_watchdog = 0.0
+        self.systemd = SystemdReporter()
         validate_heartbeat(settings.heartbeat, registry.specs())
         self.dsn = dsn
         self.settings = settings
@@ -111,16 +139,19 @@ class Arbiter:
         self.reload_settings = reload_settings
         self.target = settings.workers
         self.children: dict[int, Child] = {}
-        self.heartbeat_pid: int | None = None
-        self._heartbeat_started: float | None = None
-        self._heartbeat_stopping = False
-        self._heartbeat_reloading = False
-        # Heartbeat managers in a row that died before their first round.
-        self._heartbeat_failures = 0
-        self._heartbeat_respawn_at = 0.0
-        # A heartbeat round may take a statement timeout (one interval) plus a
+        #: The renewal process (the heartbeat manager): it is up once it has
+        #: written its pid into the table after its first round.
+        self.renewal = HelperProcess("heartbeat manager", self._start_renewal,
+                                     lambda pid, _lived: self.table.renewal_stats().pid == pid)
+        #: The metrics server, when a socket was bound for it.
+        self.metrics_process: HelperProcess | None = None
+        if metrics_sock is not None:
+            self.metrics_process = HelperProcess("metrics server", self._start_metrics,
+                                                 lambda _pid, lived: lived >= METRICS_UP_AFTER,
+                                                 detail=self._metrics_url)
+        # A renewal round may take a statement timeout (one interval) plus a
         # pool wait (at least 1 s); silence well beyond that is a stall.
-        self.heartbeat_stall = 3 * settings.heartbeat_interval + 5.0
+        self.renewal_stall = 3 * settings.heartbeat_interval + 5.0
         self.stats = ArbiterStats()
         self._signals: list[str] = []
         self._next_number = 1
@@ -128,7 +159,7 @@ class Arbiter:
         # Children in a row that crashed soon after they were up.
         self._crash_streak = 0
         self._respawn_at = 0.0
-        self._stopping: str | None = None     # None, "graceful" or "fast"
+        self._stopping: Stop | None = None
         self._drain_deadline = 0.0
         self._exit_code = 0
         self.tick_interval = max(0.02, min(0.25, settings.heartbeat_interval / 4))
@@ -157,17 +188,17 @@ class Arbiter:
             return
         log.info("SIGTERM: draining %d workers (graceful timeout %gs)", len(self.children),
                  self.settings.graceful_timeout)
-        self._stopping = "graceful"
+        self._stopping = Stop.GRACEFUL
         self._drain_deadline = time.monotonic() + self.settings.graceful_timeout
         for c in self.children.values():
             self._term(c)
 
     def handle_int(self) -> None:
-        if self._stopping == "graceful":
+        if self._stopping is Stop.GRACEFUL:
             self._drain_deadline = time.monotonic()
             return
         log.info("fast stop: killing %d workers and releasing their jobs", len(self.children))
-        self._stopping = "fast"
+        self._stopping = Stop.FAST
         self._drain_deadline = time.monotonic()
 
     handle_quit = handle_int
@@ -184,11 +215,9 @@ class Arbiter:
             self.spawn_worker()
         for c in old:
             self._term(c)
-        # The heartbeat manager takes the new settings too: stop it, and the
+        # The renewal process takes the new settings too: stop it, and the
         # loop starts a new one at once (well within a renewal interval).
-        if self.heartbeat_pid:
-            self._heartbeat_reloading = True
-            _kill(self.heartbeat_pid, signal.SIGTERM)
+        self.renewal.reload()
 
     def handle_ttin(self) -> None:
         self.target += 1
@@ -256,7 +285,7 @@ class Arbiter:
         log.info("worker %d started (pid %d)", number, pid)
         return c
 
-    def _fork_service(self, name: str, main: Callable[[], int]) -> int:
+    def _fork_helper(self, name: str, main: Callable[[], int]) -> int:
         """Fork a helper process (heartbeat manager, metrics server) that runs
         ``main`` and leaves with ``os._exit``, never returning here."""
         pid = self._fork()
@@ -277,31 +306,46 @@ class Arbiter:
         needs."""
         if self.metrics_sock is not None and not keep_metrics:
             self.metrics_sock.close()
-        self.notifier.close()
+        self.systemd.close()
         # Only the arbiter speaks to systemd (NotifyAccess=main).
         for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
             os.environ.pop(name, None)
 
-    def spawn_metrics(self) -> None:
-        if self.metrics_sock is None:
-            return
+    def _start_metrics(self) -> int:
+        sock = self.metrics_sock
+        assert sock is not None, "a metrics server needs the socket bound for it"
+
         def main() -> int:
             self._close_inherited(keep_metrics=True)
-            return metrics_server.main(self.metrics_sock, self.dsn, self.table, self.liveness)
+            return metrics_server.main(sock, self.dsn, self.table, self.liveness)
 
-        self.metrics_pid = self._fork_service("metrics server", main)
-        log.info("metrics server started (pid %d) on http://%s:%d/metrics", self.metrics_pid,
-                 *self.metrics_sock.getsockname()[:2])
+        return self._fork_helper("metrics server", main)
 
-    def spawn_heartbeat(self) -> None:
+    def _metrics_url(self) -> str:
+        if self.metrics_sock is None:
+            return ""
+        host, port = self.metrics_sock.getsockname()[:2]
+        return f" on http://{host}:{port}/metrics"
+
+    def _start_renewal(self) -> int:
         def main() -> int:
             self._close_inherited()
-            return heartbeat_process.main(self.dsn, self.settings, self.table, self.liveness, self.instance)
+            # Looked up at each start (not imported by name), so that a
+            # handler module loaded before the fork may replace it in tests.
+            return renewal_process.main(self.dsn, self.settings, self.table, self.liveness, self.instance)
 
-        pid = self._fork_service("heartbeat manager", main)
-        self.heartbeat_pid = pid
-        self._heartbeat_started = time.monotonic()
-        log.info("heartbeat manager started (pid %d)", pid)
+        return self._fork_helper("heartbeat manager", main)
+
+    def spawn_helpers(self) -> None:
+        """Start each helper process that is due: not running, past its
+        backoff, not given up on."""
+        now = time.monotonic()
+        for helper in self._helpers():
+            if helper.due(now):
+                helper.spawn()
+
+    def _helpers(self) -> list[HelperProcess]:
+        return [self.renewal] + ([self.metrics_process] if self.metrics_process is not None else [])
 
     def reap_workers(self) -> None:
         while True:
@@ -314,47 +358,21 @@ class Arbiter:
             how = _describe(status)
             # Its live gauges go with it; its counters stay in the sums.
             multiprocess.mark_process_dead(pid)
-            if pid == self.metrics_pid:
-                self.metrics_pid = None
-                if not self._heartbeat_stopping:
-                    log.warning("metrics server %s; restarting it", how)
-                continue
-            if pid == self.heartbeat_pid:
-                self.heartbeat_pid = None
-                if not self._heartbeat_stopping:
-                    self._heartbeat_exited(pid, how)
+            helper = next((h for h in self._helpers() if h.pid == pid), None)
+            if helper is not None:
+                halt = helper.exited(pid, how)
+                if halt and not self._stopping:
+                    self._halt(halt)
                 continue
             c = self.children.pop(pid, None)
             if c is None:
                 continue
             self._child_exited(c, status, how)
 
-    def _heartbeat_exited(self, pid: int, how: str) -> None:
-        """Restart the heartbeat manager; one that died before its first round
-        (its pid never reached the table's header) is restarted with backoff,
-        and after MAX_BOOT_FAILURES in a row the arbiter halts, as for workers,
-        instead of forking in a tight loop."""
-        if self.table.header()[2] == pid:
-            self._heartbeat_failures = 0
-            if self._heartbeat_reloading:
-                log.info("heartbeat manager stopped for the reload; starting a new one")
-            else:
-                log.warning("heartbeat manager %s; restarting it", how)
-            self._heartbeat_reloading = False
-            self.spawn_heartbeat()
-            return
-        self._heartbeat_failures += 1
-        delay = min(10.0, 0.1 * 2 ** self._heartbeat_failures)
-        self._heartbeat_respawn_at = time.monotonic() + delay
-        if self._heartbeat_failures >= MAX_BOOT_FAILURES and not self._stopping:
-            self._halt(f"the heartbeat manager keeps dying at start ({self._heartbeat_failures} in a row, "
-                       f"last {how}); stopping")
-            return
-        log.warning("heartbeat manager %s before it was up; restarting it in %.1fs", how, delay)
-
     def _child_exited(self, c: Child, status: int, how: str) -> None:
         held = self.table.held(c.slot)
-        c.booted = self.table.slot(c.slot)[3] > 0
+        # The child ticked at least once: it connected and was ready to work.
+        booted = self.table.slot(c.slot).alive_at > 0
         planned = c.retiring or self._stopping
         level = logging.INFO if planned and os.waitstatus_to_exitcode(status) == 0 else logging.WARNING
         log.log(level, "worker %d (pid %d) %s%s", c.number, c.pid, how,
@@ -362,10 +380,10 @@ class Arbiter:
         # A child that was up and did not exit cleanly may also hold a claim
         # it had no time to publish: the heartbeat manager looks for those by
         # name.  One that never came up (never ticked) never claimed.
-        if held or (c.booted and os.waitstatus_to_exitcode(status) != 0):
-            stop_kill = c.killed_for_stop or c.killed_for_outage or self._stopping is not None
+        if held or (booted and os.waitstatus_to_exitcode(status) != 0):
+            stop_kill = c.killed in (Kill.STOP, Kill.OUTAGE) or self._stopping is not None
             self.table.set_state(c.slot, ORPHANED_STOP if stop_kill else ORPHANED_CRASH)
-            self._wake_heartbeat()
+            self._wake_renewal()
         else:
             self.table.clear_all(c.slot)
             self.table.set_state(c.slot, FREE)
@@ -376,12 +394,12 @@ class Arbiter:
         if not planned:
             self.stats.restarts += 1
             metrics.WORKER_RESTARTS.inc()
-            if not c.booted:
+            if not booted:
                 self._boot_failures += 1
                 if self._boot_failures >= MAX_BOOT_FAILURES:
                     self._halt(f"workers keep dying at start ({self._boot_failures} in a row, last {how}); stopping")
                     return
-                self._respawn_at = time.monotonic() + min(10.0, 0.1 * 2 ** self._boot_failures)
+                self._respawn_at = time.monotonic() + boot_backoff(self._boot_failures)
             else:
                 self._boot_failures = 0
                 self._crashed_after_boot(c, code, holding=bool(held))
@@ -409,15 +427,15 @@ class Arbiter:
         print(f"pgfence: error: {message}", file=sys.stderr)
         self._exit_code = 1
         if not self._stopping:
-            self._stopping = "fast"
+            self._stopping = Stop.FAST
             self._drain_deadline = time.monotonic()
 
-    def _wake_heartbeat(self) -> None:
-        if self.heartbeat_pid:
-            _kill(self.heartbeat_pid, signal.SIGUSR1)
+    def _wake_renewal(self) -> None:
+        """Tell the renewal process that a child died: it releases the
+        child's jobs at once."""
+        self.renewal.kill(signal.SIGUSR1)
 
     def _term(self, c: Child) -> None:
-        c.retiring = True
         if c.term_sent_at is None:
             c.term_sent_at = time.monotonic()
             _kill(c.pid, signal.SIGTERM)
@@ -432,9 +450,9 @@ class Arbiter:
         next_kill = float("inf")
         for c in list(self.children.values()):
             if self._stopping and now >= self._drain_deadline:
-                if not c.killed_for_stop:
-                    c.killed_for_stop = True
-                    if self._stopping == "graceful":
+                if c.killed is not Kill.STOP:
+                    c.killed = Kill.STOP
+                    if self._stopping is Stop.GRACEFUL:
                         log.warning("worker %d (pid %d) still busy at the drain deadline: killing it",
                                     c.number, c.pid)
                     else:
@@ -451,48 +469,48 @@ class Arbiter:
                 if held.timeout is not None and held.started_at is not None:
                     kill_at = held.started_at + held.timeout + grace
                     if now >= kill_at:
-                        c.killed_for_lost = True
+                        c.killed = Kill.LOST
                         log.warning("worker %d (pid %d) still runs job %d attempt %d %gs after its timeout "
                                     "(%gs): killing it", c.number, c.pid, held.job_id, held.attempt, grace,
                                     held.timeout)
                         _kill(c.pid, signal.SIGKILL)
                         break
                     next_kill = min(next_kill, kill_at)
-                news = self.table.news(c.slot, held.entry, held.job_id, held.attempt)
-                if news and news[1] and news[1] != "timeout":
-                    if now - news[2] >= grace:
-                        c.killed_for_lost = True
+                renewal = self.table.read_renewal(c.slot, held.entry, held.job_id, held.attempt)
+                if renewal and renewal.lost and renewal.lost != "timeout":
+                    if now - renewal.lost_at >= grace:
                         # An outage lost the lease, not the job or its worker.
-                        c.killed_for_outage = news[1] == "renewal_failed"
+                        c.killed = Kill.OUTAGE if renewal.lost == "renewal_failed" else Kill.LOST
                         log.warning("worker %d (pid %d) still runs job %d attempt %d %gs after its lease was lost "
-                                    "(%s): killing it", c.number, c.pid, held.job_id, held.attempt, grace, news[1])
+                                    "(%s): killing it", c.number, c.pid, held.job_id, held.attempt, grace,
+                                    renewal.lost)
                         _kill(c.pid, signal.SIGKILL)
                         break
-                    next_kill = min(next_kill, news[2] + grace)
+                    next_kill = min(next_kill, renewal.lost_at + grace)
         return next_kill
 
-    def check_heartbeat(self) -> None:
-        """Kill a heartbeat manager that stopped ticking (a renewal stuck on a
-        network that drops packets); the loop starts a new one.  Children
-        stay safe meanwhile: each gives up its leases at their own deadline."""
-        if self.heartbeat_pid is None or self._heartbeat_started is None:
+    def _renewal_silence(self, now: float) -> float:
+        """Seconds since the running renewal process last went round its
+        loop (since its start, before its first round)."""
+        stats = self.table.renewal_stats()
+        last = stats.alive_at if stats.pid == self.renewal.pid else self.renewal.started
+        return now - max(last, self.renewal.started)
+
+    def check_renewal(self) -> None:
+        """Kill a renewal process that stopped going round its loop (a
+        renewal stuck on a network that drops packets); the loop starts a new
+        one.  Children stay safe meanwhile: each gives up its leases at their
+        own deadline."""
+        if self.renewal.pid is None or self.renewal.signalled:
             return
-        _rounds, _statements, pid, tick = self.table.header()
-        last = tick if pid == self.heartbeat_pid else self._heartbeat_started
-        if time.monotonic() - max(last, self._heartbeat_started) > self.heartbeat_stall:
-            log.warning("heartbeat manager (pid %d) stalled for %.0fs: killing it", self.heartbeat_pid,
-                        time.monotonic() - max(last, self._heartbeat_started))
-            _kill(self.heartbeat_pid, signal.SIGKILL)
-            self._heartbeat_started = None
+        silence = self._renewal_silence(time.monotonic())
+        if silence > self.renewal_stall:
+            log.warning("heartbeat manager (pid %d) stalled for %.0fs: killing it", self.renewal.pid, silence)
+            self.renewal.kill(signal.SIGKILL)
 
     def manage_workers(self) -> None:
         if self._stopping:
             return
-        if self.metrics_pid is None and self.metrics_sock is not None:
-            self.spawn_metrics()
-        self.check_heartbeat()
-        if self.heartbeat_pid is None and time.monotonic() >= self._heartbeat_respawn_at:
-            self.spawn_heartbeat()
         active = [c for c in self.children.values() if not c.retiring]
         if len(active) < self.target and time.monotonic() >= self._respawn_at:
             for _ in range(self.target - len(active)):
@@ -506,7 +524,7 @@ class Arbiter:
         return self._stopping is not None and not self.children
 
     def _orphans_left(self) -> bool:
-        return any(self.table.slot(s)[0] in (ORPHANED_CRASH, ORPHANED_STOP) for s in range(self.table.nslots))
+        return any(self.table.slot(s).state in (ORPHANED_CRASH, ORPHANED_STOP) for s in range(self.table.nslots))
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -514,21 +532,25 @@ class Arbiter:
         metrics.initialise(self.settings.queues, registry.kinds())
         self._install_signals()
         proctitle.set(self._title())
-        self.table.set_arbiter(time.monotonic(), self.target)
-        self.spawn_heartbeat()
-        self.spawn_metrics()
+        self.table.set_arbiter_state(time.monotonic(), self.target)
+        self.spawn_helpers()
         self.manage_workers()
         proctitle.set(self._title())
         log.info("arbiter started: %d workers on queues %s (instance %s)", self.target,
                  ",".join(self.settings.queues), self.instance)
         next_kill = float("inf")
         while True:
-            self._sleep(max(0.0, min(0.1 if self._stopping else 0.5, next_kill - time.monotonic())))
+            self._sleep(max(0.0, min(0.1 if self._stopping else 0.5, next_kill - time.monotonic(),
+                                     self._next_start() - time.monotonic())))
             while self._signals:
                 name = self._signals.pop(0)
                 getattr(self, f"handle_{name.lower()}")()
             self.reap_workers()
             next_kill = self.murder_workers()
+            # The helpers are kept during a drain too: the draining children's
+            # leases still need renewing.
+            self.check_renewal()
+            self.spawn_helpers()
             self.manage_workers()
             self._report()
             if self._stopping_done():
@@ -536,63 +558,61 @@ class Arbiter:
         self._finish()
         return self._exit_code
 
+    def _next_start(self) -> float:
+        """When the next helper process is due to start (monotonic; ``inf``
+        if none waits), so the loop wakes for it rather than a turn later."""
+        waiting = [h.respawn_at for h in self._helpers() if h.pid is None and not h.retired and not h.gave_up]
+        return min(waiting, default=float("inf"))
+
     def _report(self) -> None:
-        """Tell the world how supervision goes: title, gauges, the liveness
-        tick read by /healthz, and systemd's notify protocol."""
+        """Tell the world how supervision goes: title, gauges, the arbiter's
+        liveness tick read by /healthz, and systemd's notify protocol."""
         now = time.monotonic()
         active = len([c for c in self.children.values() if not c.retiring])
         proctitle.set(self._title())
         metrics.WORKERS.set(self.table.workers_up(self.liveness))
-        self.table.set_arbiter(now, self.target)
+        self.table.set_arbiter_state(now, self.target)
         if self._stopping:
-            if not self._stopping_sent:
-                self._stopping_sent = True
-                # systemd waits this long for the drain before its own KILL.
-                extend = int((max(0.0, self._drain_deadline - now) + 15) * 1e6)
-                self.notifier.send("STOPPING=1", f"EXTEND_TIMEOUT_USEC={extend}",
-                                   f"STATUS=stopping ({self._stopping}), {active} workers")
+            # systemd waits this long for the drain before its own KILL.
+            self.systemd.stopping(max(0.0, self._drain_deadline - now) + 15,
+                                  f"stopping ({self._stopping}), {active} workers")
             return
         up = self.table.workers_up(self.liveness)
-        if not self._ready_sent and up >= self.target:
-            self._ready_sent = True
-            self.notifier.send("READY=1", f"STATUS={up} workers up, queues {','.join(self.settings.queues)}")
+        if up >= self.target:
+            self.systemd.ready(f"{up} workers up, queues {','.join(self.settings.queues)}")
         # The watchdog is fed only while supervision is healthy: a live
-        # heartbeat manager that ticks, and workers not in a crash loop.
-        healthy = self.heartbeat_pid is not None and self._boot_failures == 0 and \
-            (self._heartbeat_started is None or now - self._heartbeat_started < self.heartbeat_stall
-             or now - self.table.header()[3] < self.heartbeat_stall)
-        if healthy and self._ready_sent and now - self._last_watchdog >= 1.0:
-            self._last_watchdog = now
-            self.notifier.send("WATCHDOG=1")
+        # renewal process that goes round its loop, and workers not in a
+        # crash loop.
+        healthy = self.renewal.pid is not None and self._boot_failures == 0 and \
+            (self.renewal.signalled or self._renewal_silence(now) < self.renewal_stall)
+        if healthy:
+            self.systemd.watchdog(now)
 
     def _finish(self) -> None:
-        """All children are gone: let the heartbeat release what they held,
-        then stop it."""
+        """All children are gone: let the renewal process release what they
+        held, then stop the helpers."""
         deadline = time.monotonic() + 10
         while self._orphans_left() and time.monotonic() < deadline:
-            if self._heartbeat_failures >= MAX_BOOT_FAILURES:
+            if self.renewal.gave_up:
                 break   # it cannot start: the leases will run out instead
-            if self.heartbeat_pid is None and time.monotonic() >= self._heartbeat_respawn_at:
-                self.spawn_heartbeat()
-            self._wake_heartbeat()
+            self.spawn_helpers()
+            self._wake_renewal()
             self._sleep(0.05)
             self.reap_workers()
         if self._orphans_left():
             log.error("could not release every job of the stopped workers; their leases will expire")
-        self._heartbeat_stopping = True
-        if self.metrics_pid:
-            _kill(self.metrics_pid, signal.SIGTERM)
-        if self.heartbeat_pid:
-            _kill(self.heartbeat_pid, signal.SIGTERM)
-            end = time.monotonic() + 5
-            while (self.heartbeat_pid or self.metrics_pid) and time.monotonic() < end:
-                self._sleep(0.05)
-                self.reap_workers()
-            if self.heartbeat_pid:
-                _kill(self.heartbeat_pid, signal.SIGKILL)
-        rounds, statements, _pid, _tick = self.table.header()
+        helpers = self._helpers()
+        for helper in helpers:
+            helper.retire()
+        end = time.monotonic() + 5
+        while any(h.pid is not None for h in helpers) and time.monotonic() < end:
+            self._sleep(0.05)
+            self.reap_workers()
+        for helper in helpers:
+            helper.kill(signal.SIGKILL)
+        stats = self.table.renewal_stats()
         log.info("arbiter stopped: %d workers started, %d restarts, heartbeat %d rounds / %d renewal statements",
-                 self.stats.spawned, self.stats.restarts, rounds, statements)
+                 self.stats.spawned, self.stats.restarts, stats.rounds, stats.statements)
 
     def _sleep(self, seconds: float) -> None:
         try:

@@ -2,10 +2,10 @@
 
 The child opens its own connection, claims, runs and completes jobs through
 the fence (``pgfence.worker.loop.Worker``), and publishes what it holds and a
-liveness tick in its slot of the shared table.  A small thread ticks and
-copies the heartbeat manager's news (new deadlines, lost leases) into the
-child's leases; a child that is stopped or hung stops ticking, so its leases
-stop being renewed.  The child always leaves with ``os._exit``, so it never
+liveness tick in its slot of the shared table.  A small thread ticks (says
+the child is alive) and copies what the renewal process wrote (new deadlines,
+lost leases) into the child's leases; a child that is stopped or hung stops
+ticking, so its leases stop being renewed.  The child always leaves with ``os._exit``, so it never
 runs the parent's exit hooks nor closes the parent's file descriptors.
 """
 
@@ -76,12 +76,12 @@ class SlotLeases:
                            lease.claimed_at, lease.timeout, lease.started_at)
 
     def handler_started(self, lease: Lease) -> None:
-        """Publish when the handler started: the heartbeat and the arbiter
-        count the job's timeout from it."""
+        """Publish when the handler started: the renewal process and the
+        arbiter count the job's timeout from it."""
         with self._lock:
             entry = self._entries.get(lease)
         if entry is not None and lease.started_at is not None:
-            self.table.started(self.slot, entry, lease.started_at)
+            self.table.set_started(self.slot, entry, lease.started_at)
 
     def untrack(self, lease: Lease) -> None:
         with self._lock:
@@ -92,20 +92,20 @@ class SlotLeases:
                 self._free.append(entry)
 
     def sync(self) -> None:
-        """Tick, and copy the heartbeat's news into the leases held."""
-        self.table.tick(self.slot)
+        """Tick (the child is alive), and copy what the renewal process
+        wrote into the leases held."""
+        self.table.mark_alive(self.slot)
         with self._lock:
             items = list(self._entries.items())
         for lease, entry in items:
-            news = self.table.news(self.slot, entry, lease.id, lease.attempt)
-            if news is None:
+            renewal = self.table.read_renewal(self.slot, entry, lease.id, lease.attempt)
+            if renewal is None:
                 continue
-            deadline, lost, _lost_at, failing = news
-            lease.failing = failing
-            if lost:
-                lease.mark_lost(lost)
-            elif deadline:
-                lease.extend(deadline)
+            lease.failing = renewal.failing
+            if renewal.lost:
+                lease.mark_lost(renewal.lost)
+            elif renewal.deadline:
+                lease.extend(renewal.deadline)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.tick_interval):

@@ -1,13 +1,15 @@
 """The shared table through which children, the heartbeat manager and the
 arbiter talk, created before any fork (an anonymous shared ``mmap``).
 
-Each child owns a slot.  The child writes its liveness tick and the jobs it
-holds (id, attempt, lease, claim time, timeout); the heartbeat manager writes
-back, per job, the new local deadline after a renewal, whether renewals are
-failing, and the reason if the lease is lost; the arbiter writes the slot's state (free, active, orphaned).
-Every field has exactly one writer, and a heartbeat write names the job and
-attempt it is about, so a late write about a previous job can never be taken
-for news about the current one.  No locks are needed.
+Each child owns a slot.  The child writes when it was last alive (its
+liveness tick, which says the process runs; it renews nothing) and the jobs it
+holds (id, attempt, lease, claim time, timeout); the renewal process (the
+heartbeat manager) writes back, per job, the new local deadline after a lease
+renewal, whether renewals are failing, and the reason if the lease is lost;
+the arbiter writes the slot's state (free, active, orphaned).  Every field has
+exactly one writer, and a renewal write names the job and attempt it is
+about, so a late write about a previous job can never be taken for the
+outcome of the current one.  No locks are needed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import mmap
 import struct
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 FREE, ACTIVE, ORPHANED_CRASH, ORPHANED_STOP = 0, 1, 2, 3
 
@@ -23,20 +26,61 @@ FREE, ACTIVE, ORPHANED_CRASH, ORPHANED_STOP = 0, 1, 2, 3
 REASONS = ("", "renewal_rejected", "renewal_failed", "timeout", "cancelled", "fence_rejected", "expired")
 REASON_CODE = {name: code for code, name in enumerate(REASONS)}
 
-# magic, nslots, njobs | heartbeat: rounds, statements, pid, tick | arbiter: tick, target workers
+# magic, nslots, njobs | renewal process: rounds, statements, pid, alive_at |
+# arbiter: alive_at, target workers
 _HEADER = struct.Struct("<8sqqqqqddq")
-_HB_HEAD = struct.Struct("<qqqd")
-_HB_HEAD_OFF = 24
+_RENEWAL_HEAD = struct.Struct("<qqqd")
+_RENEWAL_HEAD_OFF = 24
 _ARB_HEAD = struct.Struct("<dq")
 _ARB_HEAD_OFF = 56
-_SLOT = struct.Struct("<qqqd")         # state, pid, worker number, tick
+_SLOT = struct.Struct("<qqqd")         # state, pid, worker number, alive_at
+_ALIVE_OFF = 24                        # alive_at's offset in _SLOT
 # Child-written: job id, attempt, lease s, claimed_at (the claim's send
 # time), started_at (the handler's start; 0: not yet), timeout (0: none).
 _JOB = struct.Struct("<qqdddd")
-# Heartbeat-written: job id, attempt, deadline, lost code, lost_at, failing
+# Renewal-written: job id, attempt, deadline, lost code, lost_at, failing
 # (a renewal failed since the last success).
-_HB = struct.Struct("<qqdqdq")
+_RENEWAL = struct.Struct("<qqdqdq")
 _MAGIC = b"pgfence1"
+
+
+class SlotInfo(NamedTuple):
+    """A slot as the arbiter set it, and the child's liveness tick."""
+
+    state: int
+    pid: int
+    number: int
+    #: When the child last said it is alive (monotonic; 0: not up yet).
+    alive_at: float
+
+
+class RenewalStats(NamedTuple):
+    """What the renewal process publishes about itself."""
+
+    rounds: int
+    statements: int
+    #: The renewal process that wrote this (0: none has yet).
+    pid: int
+    #: When it last went round its loop (monotonic): a stall detector's input.
+    alive_at: float
+
+
+class ArbiterState(NamedTuple):
+    """What the arbiter publishes for the metrics server's probes."""
+
+    #: When the arbiter's loop last turned (monotonic).
+    alive_at: float
+    #: The number of workers it aims at.
+    target: int
+
+
+class Renewal(NamedTuple):
+    """The renewal process's last word about one job and attempt."""
+
+    deadline: float
+    lost: str | None
+    lost_at: float
+    failing: bool
 
 
 @dataclass(frozen=True)
@@ -59,7 +103,7 @@ class SlotTable:
             raise ValueError("nslots and njobs must be at least 1")
         self.nslots = nslots
         self.njobs = njobs
-        self._entry = _JOB.size + _HB.size
+        self._entry = _JOB.size + _RENEWAL.size
         self._slot = _SLOT.size + njobs * self._entry
         self.size = _HEADER.size + nslots * self._slot
         # An anonymous MAP_SHARED mapping: every process forked after this
@@ -79,50 +123,49 @@ class SlotTable:
             raise IndexError(entry)
         return self._slot_off(slot) + _SLOT.size + entry * self._entry
 
-    # -- header (heartbeat statistics) ---------------------------------------------
+    # -- header: the renewal process's and the arbiter's own news ------------------
 
-    def header(self) -> tuple[int, int, int, float]:
-        """(rounds, statements, heartbeat pid, heartbeat tick)."""
-        return _HB_HEAD.unpack_from(self.buf, _HB_HEAD_OFF)
+    def renewal_stats(self) -> RenewalStats:
+        return RenewalStats._make(_RENEWAL_HEAD.unpack_from(self.buf, _RENEWAL_HEAD_OFF))
 
-    def set_header(self, rounds: int, statements: int, pid: int, tick: float) -> None:
-        """Written by the heartbeat manager only."""
-        _HB_HEAD.pack_into(self.buf, _HB_HEAD_OFF, rounds, statements, pid, tick)
+    def set_renewal_stats(self, rounds: int, statements: int, pid: int, alive_at: float) -> None:
+        """Written by the renewal process only."""
+        _RENEWAL_HEAD.pack_into(self.buf, _RENEWAL_HEAD_OFF, rounds, statements, pid, alive_at)
 
-    def arbiter(self) -> tuple[float, int]:
-        """(the arbiter loop's last tick, the number of workers it aims at)."""
-        return _ARB_HEAD.unpack_from(self.buf, _ARB_HEAD_OFF)
+    def arbiter_state(self) -> ArbiterState:
+        return ArbiterState._make(_ARB_HEAD.unpack_from(self.buf, _ARB_HEAD_OFF))
 
-    def set_arbiter(self, tick: float, target: int) -> None:
+    def set_arbiter_state(self, alive_at: float, target: int) -> None:
         """Written by the arbiter only."""
-        _ARB_HEAD.pack_into(self.buf, _ARB_HEAD_OFF, tick, target)
+        _ARB_HEAD.pack_into(self.buf, _ARB_HEAD_OFF, alive_at, target)
 
     def workers_up(self, liveness: float) -> int:
-        """Children that are up: connected, and ticked within ``liveness``."""
+        """Children that are up: connected, and alive within ``liveness``."""
         now = time.monotonic()
         up = 0
         for slot in range(self.nslots):
-            state, _pid, _number, tick = self.slot(slot)
-            if state == ACTIVE and tick > 0 and now - tick <= liveness:
+            info = self.slot(slot)
+            if info.state == ACTIVE and info.alive_at > 0 and now - info.alive_at <= liveness:
                 up += 1
         return up
 
     # -- slot (arbiter and child) -------------------------------------------------
 
-    def slot(self, slot: int) -> tuple[int, int, int, float]:
-        """(state, pid, worker number, tick)."""
-        return _SLOT.unpack_from(self.buf, self._slot_off(slot))
+    def slot(self, slot: int) -> SlotInfo:
+        return SlotInfo._make(_SLOT.unpack_from(self.buf, self._slot_off(slot)))
 
     def set_slot(self, slot: int, state: int, pid: int, number: int) -> None:
-        """Set by the arbiter; the tick starts at 0 until the child is up."""
+        """Set by the arbiter; alive_at starts at 0 until the child is up."""
         off = self._slot_off(slot)
         _SLOT.pack_into(self.buf, off, state, pid, number, 0.0)
 
     def set_state(self, slot: int, state: int) -> None:
         struct.pack_into("<q", self.buf, self._slot_off(slot), state)
 
-    def tick(self, slot: int) -> None:
-        struct.pack_into("<d", self.buf, self._slot_off(slot) + 24, time.monotonic())
+    def mark_alive(self, slot: int) -> None:
+        """The child's liveness tick: it runs (and is connected).  Only a
+        child that keeps ticking has its leases renewed."""
+        struct.pack_into("<d", self.buf, self._slot_off(slot) + _ALIVE_OFF, time.monotonic())
 
     def free_slot(self) -> int | None:
         for slot in range(self.nslots):
@@ -140,7 +183,7 @@ class SlotTable:
         struct.pack_into("<q", self.buf, off + 8, attempt)
         struct.pack_into("<q", self.buf, off, job_id)
 
-    def started(self, slot: int, entry: int, started_at: float) -> None:
+    def set_started(self, slot: int, entry: int, started_at: float) -> None:
         """The handler of the job at ``entry`` started: its timeout counts
         from ``started_at``."""
         struct.pack_into("<d", self.buf, self._job_off(slot, entry) + 32, started_at)
@@ -162,26 +205,25 @@ class SlotTable:
         for entry in range(self.njobs):
             off = self._job_off(slot, entry)
             _JOB.pack_into(self.buf, off, 0, 0, 0.0, 0.0, 0.0, 0.0)
-            _HB.pack_into(self.buf, off + _JOB.size, 0, 0, 0.0, 0, 0.0, 0)
+            _RENEWAL.pack_into(self.buf, off + _JOB.size, 0, 0, 0.0, 0, 0.0, 0)
 
-    # -- heartbeat writes, child reads ------------------------------------------------
+    # -- the renewal process writes, the child and the arbiter read ------------------
 
-    def report(self, slot: int, entry: int, job_id: int, attempt: int, *, deadline: float = 0.0,
-               lost: str | None = None, lost_at: float = 0.0, failing: bool = False) -> None:
+    def write_renewal(self, slot: int, entry: int, job_id: int, attempt: int, *, deadline: float = 0.0,
+                      lost: str | None = None, lost_at: float = 0.0, failing: bool = False) -> None:
         off = self._job_off(slot, entry) + _JOB.size
-        _HB.pack_into(self.buf, off, 0, 0, deadline, REASON_CODE[lost] if lost else 0, lost_at, int(failing))
+        _RENEWAL.pack_into(self.buf, off, 0, 0, deadline, REASON_CODE[lost] if lost else 0, lost_at, int(failing))
         struct.pack_into("<q", self.buf, off + 8, attempt)
         struct.pack_into("<q", self.buf, off, job_id)
 
-    def news(self, slot: int, entry: int, job_id: int,
-             attempt: int) -> tuple[float, str | None, float, bool] | None:
-        """(deadline, lost reason, lost_at, failing) reported for exactly this
-        job and attempt, or None when the heartbeat said nothing about it yet."""
+    def read_renewal(self, slot: int, entry: int, job_id: int, attempt: int) -> Renewal | None:
+        """What the renewal process last wrote about exactly this job and
+        attempt, or None when it wrote nothing about it yet."""
         off = self._job_off(slot, entry) + _JOB.size
-        hb_id, hb_attempt, deadline, code, lost_at, failing = _HB.unpack_from(self.buf, off)
-        if (hb_id, hb_attempt) != (job_id, attempt):
+        written_id, written_attempt, deadline, code, lost_at, failing = _RENEWAL.unpack_from(self.buf, off)
+        if (written_id, written_attempt) != (job_id, attempt):
             return None
         # Re-read the identity: a write in progress changes it first... last.
         if struct.unpack_from("<qq", self.buf, off) != (job_id, attempt):
             return None
-        return deadline, (REASONS[code] or None), lost_at, bool(failing)
+        return Renewal(deadline, REASONS[code] or None, lost_at, bool(failing))

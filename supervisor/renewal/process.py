@@ -2,8 +2,9 @@
 
 Forked by the arbiter, it opens its ``psycopg_pool`` pool after the fork.
 Each round it reads the shared slot table, renews in ONE statement the
-leases due (see :mod:`supervisor.heartbeat`) of every job held by a child
-that has ticked recently, and writes back per job the new local deadline or
+leases due (see :mod:`pgfence.renewal.renewer`) of every job held by a
+child that has ticked recently (its liveness tick: the child runs), and
+writes back per job the new local deadline or
 the reason the lease was lost.  Rounds follow the leases held: a kind with a
 short lease is renewed at its own pace, and a job's timeout is reported to
 its child the moment it passes.  A child
@@ -32,9 +33,15 @@ from pgfence.prefork.slots import ACTIVE, FREE, ORPHANED_CRASH, ORPHANED_STOP, S
 
 log = logging.getLogger("pgfence.heartbeat")
 
+#: Where a held lease sits: (slot, entry, job id, attempt).
+Key = tuple[int, int, int, int]
 
-class HeartbeatProcess:
-    def __init__(self, dsn: str, settings: Settings, table: SlotTable, *, liveness: float, instance: str):
+
+class RenewalProcess:
+    """The heartbeat manager's process: lease renewal for every child,
+    driven by the slot table."""
+
+    def __init__(self, dsn: str, settings: Settings, table: SlotTable, *, liveness: float, instance: str) -> None:
         self.table = table
         #: The supervisor's instance id, in its children's names.
         self.instance = instance
@@ -52,19 +59,19 @@ class HeartbeatProcess:
         self.wake = max(0.02, min([0.5, renew_period(settings.lease, settings.heartbeat) / 2] + spans))
         # The manager's own view of each held lease, keyed by (slot, entry,
         # job id, attempt); rebuilt from the slot table every round.
-        self._leases: dict[tuple[int, int, int, int], Lease] = {}
+        self._leases: dict[Key, Lease] = {}
         self.rounds = 0
 
-    def held_leases(self, now: float) -> tuple[list[Lease], list[tuple]]:
+    def held_leases(self, now: float) -> tuple[list[Lease], list[Key]]:
         """Leases of live children (to renew) and the keys they sit at."""
-        seen = set()
+        seen: set[Key] = set()
         renew: list[Lease] = []
-        keys: list[tuple] = []
+        keys: list[Key] = []
         for slot in range(self.table.nslots):
-            state, _pid, _number, tick = self.table.slot(slot)
-            if state != ACTIVE:
+            info = self.table.slot(slot)
+            if info.state != ACTIVE:
                 continue
-            alive = now - tick <= self.liveness
+            alive = now - info.alive_at <= self.liveness
             for held in self.table.held(slot):
                 key = (slot, held.entry, held.job_id, held.attempt)
                 seen.add(key)
@@ -76,9 +83,10 @@ class HeartbeatProcess:
                     # alone, every job that outlived its first lease would be
                     # taken for expired and given up.
                     deadline, lost, lost_at, failing = held.claimed_at + held.lease, None, 0.0, False
-                    news = self.table.news(slot, held.entry, held.job_id, held.attempt)
-                    if news is not None:
-                        deadline, lost, lost_at, failing = max(deadline, news[0]), news[1], news[2], news[3]
+                    last = self.table.read_renewal(slot, held.entry, held.job_id, held.attempt)
+                    if last is not None:
+                        deadline, lost, lost_at, failing = (max(deadline, last.deadline), last.lost, last.lost_at,
+                                                            last.failing)
                     lease = self._leases[key] = Lease(
                         held.job_id, held.attempt, held.lease, deadline=deadline,
                         claimed_at=held.claimed_at, started_at=held.started_at, timeout=held.timeout,
@@ -122,8 +130,8 @@ class HeartbeatProcess:
             # instance id in it: another supervisor's child with the same
             # host, pid and number is not this one), then released by
             # (id, attempt).
-            _state, pid, number, _tick = self.table.slot(slot)
-            for job_id, attempt in self.manager.owned(worker_name(pid, number, self.instance)):
+            info = self.table.slot(slot)
+            for job_id, attempt in self.manager.owned(worker_name(info.pid, info.number, self.instance)):
                 if job_id not in known:
                     items.append((job_id, attempt, state == ORPHANED_CRASH, None))
         if not slots:
@@ -153,10 +161,10 @@ class HeartbeatProcess:
         if result.sent or not leases:   # a round that only marked a timeout keeps the last count
             metrics.HEARTBEAT_LEASES.set(result.sent)
         for lease, (slot, entry, job_id, attempt) in zip(leases, keys):
-            self.table.report(slot, entry, job_id, attempt, deadline=lease.deadline,
-                              lost=lease.lost_reason, lost_at=lease.lost_at, failing=lease.failing)
+            self.table.write_renewal(slot, entry, job_id, attempt, deadline=lease.deadline,
+                                     lost=lease.lost_reason, lost_at=lease.lost_at, failing=lease.failing)
         self.rounds += 1
-        self.table.set_header(self.rounds, self.manager.statements, os.getpid(), time.monotonic())
+        self.table.set_renewal_stats(self.rounds, self.manager.statements, os.getpid(), time.monotonic())
         proctitle.set(f"pgfence heartbeat [{len(leases)} leases]")
         # A job that ended between reading the table and the renewal comes
         # back "rejected"; only leases still held are news worth a line.
@@ -188,7 +196,7 @@ def main(dsn: str, settings: Settings, table: SlotTable, liveness: float, instan
         signal.signal(sig, signal.SIG_IGN)
     # Blocked by the arbiter across the fork (see child.STARTUP_BLOCKED).
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGUSR1})
-    process = HeartbeatProcess(dsn, settings, table, liveness=liveness, instance=instance)
+    process = RenewalProcess(dsn, settings, table, liveness=liveness, instance=instance)
     next_at = time.monotonic()
     try:
         while not stop:
@@ -204,7 +212,8 @@ def main(dsn: str, settings: Settings, table: SlotTable, liveness: float, instan
                 except Exception as exc:  # noqa: BLE001
                     log.warning("releasing jobs of dead workers failed: %s", exc)
                 next_at = min(next_at, process.next_round())
-            process.table.set_header(process.rounds, process.manager.statements, os.getpid(), time.monotonic())
+            process.table.set_renewal_stats(process.rounds, process.manager.statements, os.getpid(),
+                                            time.monotonic())
             ready, _, _ = select.select([wake_r], [], [],
                                         max(0.0, min(process.wake, next_at - time.monotonic())))
             if ready:
