@@ -434,6 +434,10 @@ def test_sigkilled_child_job_is_released_at_once_and_completed_by_another(dsn, c
     lease_left = scalar(conn, "SELECT extract(epoch FROM lease_until - clock_timestamp())::float8"
                               " FROM pgfence.jobs WHERE id = %s", (job_id,))
     assert lease_left > 25
+    # The claim commits before the child publishes it in its slot; kill it
+    # once it shows the job in its title (set after the slot is written), so
+    # the arbiter's line below can name the job it releases.
+    sup.wait(lambda: (title(p) or "").endswith(f"job {job_id} attempt 1"), 10, "the job in the child's title")
 
     os.kill(p, signal.SIGKILL)
     killed = time.monotonic()
