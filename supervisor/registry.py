@@ -109,8 +109,9 @@ def is_async(func: Callable[..., object]) -> bool:
         return True
     if inspect.isfunction(func) or inspect.ismethod(func) or inspect.isclass(func) or inspect.isbuiltin(func):
         return False
-    call = getattr(type(func), "__call__", None)
-    return call is not None and (inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call))
+    # An instance: what runs is its class's __call__.
+    call = type(func).__call__
+    return inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
 
 
 def _name_of(func: Callable[..., object]) -> str:
@@ -173,7 +174,7 @@ def load(modules: Iterable[str]) -> list[str]:
             importlib.import_module(name)
         except ConfigError:
             raise
-        except Exception as exc:  # an import can fail with any error at all
+        except Exception as exc:  # noqa: BLE001 - an import can fail with any error at all
             detail = str(exc).strip().splitlines()
             detail_text = detail[0] if detail else ""
             raise HandlerImportError(

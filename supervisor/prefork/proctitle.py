@@ -9,15 +9,11 @@ import ctypes.util
 import os
 import signal
 
-try:
-    import setproctitle as _spt
-except ImportError:  # pragma: no cover - a declared dependency
-    _spt = None
+import setproctitle as _spt
 
 
 def set(title: str) -> None:  # noqa: A001 - mirrors setproctitle's verb
-    if _spt is not None:
-        _spt.setproctitle(title)
+    _spt.setproctitle(title)
 
 
 _PR_SET_PDEATHSIG = 1

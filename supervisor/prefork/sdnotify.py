@@ -11,10 +11,10 @@ class Notifier:
     """Sends ``READY=1``, ``WATCHDOG=1``, ``STOPPING=1``... when run under
     systemd; does nothing otherwise."""
 
-    def __init__(self, address: str | None = None):
+    def __init__(self, address: str | None = None) -> None:
         address = address if address is not None else os.environ.get("NOTIFY_SOCKET")
-        self.address = None
-        self.sock = None
+        self.address: str | None = None
+        self.sock: socket.socket | None = None
         if address:
             # An address starting with @ is in the abstract namespace.
             self.address = "\0" + address[1:] if address.startswith("@") else address
@@ -29,7 +29,7 @@ class Notifier:
         return self.sock is not None
 
     def send(self, *lines: str) -> bool:
-        if self.sock is None:
+        if self.sock is None or self.address is None:
             return False
         try:
             self.sock.sendto("\n".join(lines).encode(), self.address)

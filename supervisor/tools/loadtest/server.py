@@ -42,7 +42,7 @@ def check_loopback(dsn: str) -> None:
         raise ConfigError(f"invalid --dsn: {db.redact(dsn)}") from None
     # Without a host in the DSN, libpq takes PGHOST / PGHOSTADDR.
     for key in ("host", "hostaddr"):
-        for host in (params.get(key) or os.environ.get(f"PG{key.upper()}") or "").split(","):
+        for host in str(params.get(key) or os.environ.get(f"PG{key.upper()}") or "").split(","):
             if not is_loopback(host.strip()):
                 raise ConfigError(f"the load test runs only against a PostgreSQL on this host (loopback or a Unix "
                                   f"socket), not {host.strip()!r}")
@@ -74,7 +74,9 @@ class Server:
                 migrate.apply(conn)
             elif migrate.pending(conn):
                 raise SchemaMissing("pgfence schema is not up to date: run 'pgfence migrate'")
-            self.max_connections = int(conn.execute("SHOW max_connections").fetchone()[0])
+            row = conn.execute("SHOW max_connections").fetchone()
+            assert row is not None
+            self.max_connections = int(row[0])
 
     @classmethod
     def open(cls, cli_dsn: str | None, *, embedded_in: Path | None) -> Server:
@@ -94,8 +96,9 @@ class Server:
 
     def client_dsn(self, host: str, port: int) -> str:
         """A DSN for the supervisors: this database through ``host:port``."""
-        params = {"host": host, "port": port, "dbname": self.dbname, "user": self.user,
-                  "sslmode": "disable", "gssencmode": "disable"}
+        params: dict[str, str | int | None] = {
+            "host": host, "port": port, "dbname": self.dbname, "user": self.user,
+            "sslmode": "disable", "gssencmode": "disable"}
         if self.password:
             params["password"] = self.password
         return make_conninfo("", **params)

@@ -15,7 +15,7 @@ from pgfence.tools.loadtest.mix import JobSpec
 ENQUEUE_CHUNK = 5000
 
 
-def enqueue(conn: psycopg.Connection, queue: str, specs: list[JobSpec]) -> dict[int, str]:
+def enqueue(conn: psycopg.Connection[Any], queue: str, specs: list[JobSpec]) -> dict[int, str]:
     """Enqueue every job in ONE transaction (workers see them all at once);
     return job id -> mix name."""
     ids: dict[int, str] = {}
@@ -31,31 +31,38 @@ def enqueue(conn: psycopg.Connection, queue: str, specs: list[JobSpec]) -> dict[
     return ids
 
 
-def states(conn: psycopg.Connection, queue: str) -> dict[str, int]:
+def states(conn: psycopg.Connection[Any], queue: str) -> dict[str, int]:
     rows = conn.execute(q("loadtest_states"), {"queue": queue}).fetchall()
     return {status: n for status, n in rows}
 
 
-def deadlocks(conn: psycopg.Connection) -> int:
+def _one(cur: psycopg.Cursor[Any]) -> Any:
+    """The single value of a query that always returns one row."""
+    row = cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+def deadlocks(conn: psycopg.Connection[Any]) -> int:
     """Deadlocks detected in this database so far (pg_stat_database)."""
-    return conn.execute(q("loadtest_deadlocks")).fetchone()[0]
+    return int(_one(conn.execute(q("loadtest_deadlocks"))))
 
 
-def clock(conn: psycopg.Connection) -> Any:
+def clock(conn: psycopg.Connection[Any]) -> Any:
     """The database clock now."""
-    return conn.execute(q("loadtest_clock")).fetchone()[0]
+    return _one(conn.execute(q("loadtest_clock")))
 
 
-def _dicts(cur: psycopg.Cursor) -> list[dict[str, Any]]:
-    names = [c.name for c in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
+def _dicts(cur: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
+    names = [c.name for c in cur.description or ()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
-def jobs(conn: psycopg.Connection, queue: str) -> list[dict[str, Any]]:
+def jobs(conn: psycopg.Connection[Any], queue: str) -> list[dict[str, Any]]:
     return _dicts(conn.execute(q("loadtest_jobs"), {"queue": queue}))
 
 
-def rows_by_job(conn: psycopg.Connection, queue: str, table: str) -> dict[int, list[dict[str, Any]]]:
+def rows_by_job(conn: psycopg.Connection[Any], queue: str, table: str) -> dict[int, list[dict[str, Any]]]:
     """The run's rows of pgfence.effects or pgfence.receipts, per job, in
     commit order."""
     query = {"effects": "loadtest_effects", "receipts": "loadtest_receipts"}[table]
@@ -65,7 +72,7 @@ def rows_by_job(conn: psycopg.Connection, queue: str, table: str) -> dict[int, l
     return out
 
 
-def cancel_leftovers(conn: psycopg.Connection, queue: str) -> int:
+def cancel_leftovers(conn: psycopg.Connection[Any], queue: str) -> int:
     """Cancel the run's jobs still queued or running once its supervisors are
     gone (an interrupted or timed-out run), so none is left behind."""
     return conn.execute(q("loadtest_cancel_leftovers"), {"queue": queue}).rowcount
