@@ -19,6 +19,7 @@ import os
 import select
 import signal
 import time
+from typing import Any
 
 from pgfence.observe import metrics
 from pgfence.prefork import proctitle
@@ -53,11 +54,11 @@ class HeartbeatProcess:
         self._leases: dict[tuple[int, int, int, int], Lease] = {}
         self.rounds = 0
 
-    def held_leases(self, now: float) -> tuple[list[Lease], list[tuple]]:
+    def held_leases(self, now: float) -> tuple[list[Lease], list[tuple[Any, ...]]]:
         """Leases of live children (to renew) and the keys they sit at."""
         seen = set()
         renew: list[Lease] = []
-        keys: list[tuple] = []
+        keys: list[tuple[Any, ...]] = []
         for slot in range(self.table.nslots):
             state, _pid, _number, tick = self.table.slot(slot)
             if state != ACTIVE:

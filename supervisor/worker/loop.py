@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 
@@ -395,12 +396,12 @@ class Worker:
         metrics.JOBS_RETRIED.labels(job.queue, job.kind).inc()
         return RETRIED
 
-    def _report_failure(self, job: Job, params: dict) -> tuple | None:
+    def _report_failure(self, job: Job, params: dict[str, Any]) -> tuple[Any, ...] | None:
         """Run ``fail_or_retry``; should the server refuse the error text
         itself (a character the database encoding lacks, say), report the
         failure again with a plain text instead, so the attempt is still
         counted and the job retried or failed."""
-        def report(values: dict) -> tuple | None:
+        def report(values: dict[str, Any]) -> tuple[Any, ...] | None:
             return db.retrying(lambda: self.conn.execute(q("fail_or_retry"), values).fetchone(), self.dsn,
                                what="error report")
 
