@@ -17,6 +17,7 @@ import json
 import os
 import urllib.error
 import urllib.request
+from typing import Any
 
 from pgfence import Job, PayloadRejected, handler
 from pgfence.handlers.builtin import work_for
@@ -29,7 +30,7 @@ def api_url() -> str:
     return os.environ.get("PGFENCE_EMAIL_API_URL") or DEFAULT_URL
 
 
-def _payload(job: Job) -> dict:
+def _payload(job: Job) -> dict[str, Any]:
     payload = job.payload
     if not isinstance(payload, dict):
         raise PayloadRejected("payload must be a JSON object")
@@ -41,7 +42,7 @@ def _payload(job: Job) -> dict:
     return payload
 
 
-def send(job: Job, payload: dict) -> int:
+def send(job: Job, payload: dict[str, Any]) -> int:
     """POST the receipt to the email API with the idempotency key; return the
     HTTP status.  The key is the same for every attempt of this job, so the
     API sends at most one email however often the request is repeated."""
@@ -53,7 +54,7 @@ def send(job: Job, payload: dict) -> int:
                  "X-Pgfence-Attempt": str(job.attempt)},
     )
     with urllib.request.urlopen(request, timeout=10) as response:
-        return response.status
+        return int(response.status)
 
 
 @handler("send_receipt", max_attempts=5)

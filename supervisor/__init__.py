@@ -6,13 +6,34 @@ The handler API::
 
 The names are loaded on first use (PEP 562), so that ``pgfence run`` can set
 up Prometheus's multiprocess directory before any module imports
-prometheus_client.
+prometheus_client.  Type checkers read the imports under ``TYPE_CHECKING``
+below instead, so they see each name's real type, not ``Any``.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pgfence.errors import (
+        ConfigError,
+        DatabaseError,
+        DatabaseUnavailable,
+        LeaseLost,
+        PayloadRejected,
+        PgfenceError,
+        SchemaMissing,
+        StatementCanceled,
+        TransactionConflict,
+        UnknownHandler,
+    )
+    from pgfence.job import Job
+    from pgfence.producer import enqueue
+    from pgfence.registry import handler
+
+    #: The installed distribution's version.
+    __version__: str
 
 _EXPORTS = {
     "ConfigError": "errors",
@@ -30,14 +51,44 @@ _EXPORTS = {
     "handler": "registry",
 }
 
-__all__ = sorted(_EXPORTS)
+# A literal list, so that type checkers read it as the package's exports.
+__all__ = [
+    "ConfigError",
+    "DatabaseError",
+    "DatabaseUnavailable",
+    "Job",
+    "LeaseLost",
+    "PayloadRejected",
+    "PgfenceError",
+    "SchemaMissing",
+    "StatementCanceled",
+    "TransactionConflict",
+    "UnknownHandler",
+    "__version__",
+    "enqueue",
+    "handler",
+]
+
+
+def _version() -> str:
+    # importlib.metadata, not a constant, so the version has one source
+    # (pyproject.toml); a checkout that was never installed has no metadata.
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pgfence")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'supervisor' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    if name == "__version__":
+        value: Any = _version()
+    else:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module 'pgfence' has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
 

@@ -18,10 +18,10 @@ import contextlib
 import json
 import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
+from psycopg.abc import Params, Query
 
 from pgfence.store import db
 from pgfence.observe import metrics
@@ -64,43 +64,59 @@ class RawJSON(str):
     __slots__ = ()
 
 
-class _Payload:
-    """The ``payload`` field of :class:`Job`: given as a Python value, or as
-    :class:`RawJSON` that is decoded on first read (a no-op handler never
-    pays for the JSON)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.slot = "_" + name
-
-    def __get__(self, job: Job | None, owner: type | None = None) -> Any:
-        if job is None:
-            raise AttributeError(self.slot)   # for dataclass: no default
-        value = getattr(job, self.slot)
-        if isinstance(value, RawJSON):
-            value = json.loads(value)
-            setattr(job, self.slot, value)
-        return value
-
-    def __set__(self, job: Job, value: Any) -> None:
-        setattr(job, self.slot, value)
-
-
-@dataclass(eq=False)
 class Job:
+    """One attempt of one job, as its handler sees it.
+
+    ``payload`` is given as a Python value, or as :class:`RawJSON` that is
+    decoded on first read, so a handler that never reads it never pays for
+    the JSON.  ``conn`` is the connection of the worker that runs the job
+    (:meth:`fenced` writes on it); a Job built without one can be checked
+    but not completed.
+    """
+
     id: int
     kind: str
     queue: str
     attempt: int
-    payload: Any = _Payload()   # required: the JSON value the job was enqueued with
     lease: Lease
-    max_attempts: int = 1
-    dedupe_key: str | None = None
-    #: The connection of the worker that runs the job (fenced() writes on it).
-    conn: psycopg.Connection | None = field(default=None, repr=False)
+    max_attempts: int
+    dedupe_key: str | None
+    conn: psycopg.Connection[Any] | None
     #: False only in the demo's unprotected mode: complete by id alone.
-    fence: bool = True
+    fence: bool
     #: Set once the job's completion has been committed.
-    completed: bool = False
+    completed: bool
+
+    def __init__(self, id: int, kind: str, queue: str, attempt: int, payload: Any, lease: Lease,
+                 max_attempts: int = 1, dedupe_key: str | None = None, *,
+                 conn: psycopg.Connection[Any] | None = None, fence: bool = True, completed: bool = False) -> None:
+        self.id = id
+        self.kind = kind
+        self.queue = queue
+        self.attempt = attempt
+        self._payload = payload
+        self.lease = lease
+        self.max_attempts = max_attempts
+        self.dedupe_key = dedupe_key
+        self.conn = conn
+        self.fence = fence
+        self.completed = completed
+
+    @property
+    def payload(self) -> Any:
+        """The JSON value the job was enqueued with."""
+        if isinstance(self._payload, RawJSON):
+            self._payload = json.loads(self._payload)
+        return self._payload
+
+    @payload.setter
+    def payload(self, value: Any) -> None:
+        self._payload = value
+
+    def __repr__(self) -> str:
+        return (f"Job(id={self.id!r}, kind={self.kind!r}, queue={self.queue!r}, attempt={self.attempt!r}, "
+                f"max_attempts={self.max_attempts!r}, dedupe_key={self.dedupe_key!r}, "
+                f"completed={self.completed!r})")
 
     @property
     def idempotency_key(self) -> str:
@@ -131,7 +147,7 @@ class Job:
             raise LeaseLost(self.id, self.attempt, reason)
 
     @contextlib.contextmanager
-    def fenced(self, *, pipeline: bool = False) -> Iterator[psycopg.Connection]:
+    def fenced(self, *, pipeline: bool = False) -> Iterator[psycopg.Connection[Any]]:
         """A transaction holding the handler's writes and the fenced completion.
 
         On a clean exit of the block the job is marked done in the same
@@ -150,14 +166,14 @@ class Job:
         ``conn.transaction()`` still works (a savepoint, with its own round
         trip).
         """
-        self._check_open()
+        conn = self._open_connection()
         if pipeline:
-            with self._pipelined() as conn:
-                yield conn
+            with self._pipelined() as pipelined:
+                yield pipelined
             return
         try:
-            with db.translated(), self.conn.transaction():
-                yield self.conn
+            with db.translated(), conn.transaction():
+                yield conn
                 self._complete_in_transaction()
         except TransactionConflict as exc:
             # Translated by db.translated(): a serialization failure means
@@ -170,7 +186,7 @@ class Job:
         self.completed = True
 
     @contextlib.contextmanager
-    def _pipelined(self) -> Iterator[psycopg.Connection]:
+    def _pipelined(self) -> Iterator[psycopg.Connection[Any]]:
         # One round trip: [BEGIN, the block, complete_or_raise, COMMIT] Sync.
         # The completion raises PF001 when the fence refuses this attempt;
         # the server then skips everything up to the Sync, COMMIT included,
@@ -179,7 +195,7 @@ class Job:
         # block's results; the raising completion makes that check
         # server-side.  Transaction() still guards the block: conn.commit()
         # inside it raises, and a nested transaction() is a savepoint.
-        conn = self.conn
+        conn = self._connection
         with self._raising_fence(), conn.pipeline(), psycopg.Transaction(conn):
             yield conn
             conn.execute(*self._raising_completion())
@@ -200,24 +216,23 @@ class Job:
         or a statement fails, nothing is kept, and :class:`LeaseLost` (or the
         error) is raised at the end of the block.
         """
-        self._check_open()
+        conn = self._open_connection()
         writes = Writes()
         yield writes
         writes.execute(*self._raising_completion())
-        conn = self.conn
         with self._raising_fence(), psycopg.ClientCursor(conn) as cursor:
             # Each statement is checked to be exactly one, with no trailing
             # comment, quote or semicolon that could swallow the completion
             # or the COMMIT; the script is encoded as the connection encodes
             # (its client_encoding), not always as UTF-8.
-            standard = conn.info.parameter_status("standard_conforming_strings") != b"off"
+            standard = conn.info.parameter_status("standard_conforming_strings") != "off"
             statements = [sqltext.one_statement(cursor.mogrify(query, params), standard_strings=standard)
                           for query, params in writes.statements]
             script = ";\n".join(["BEGIN", *statements, "COMMIT"]).encode(conn.info.encoding)
             cursor.execute(script)
             self._check_committed(cursor, len(statements))
 
-    def _check_committed(self, cursor: psycopg.ClientCursor, statements: int) -> None:
+    def _check_committed(self, cursor: psycopg.ClientCursor[Any], statements: int) -> None:
         """After a one-message block: every statement answered, the last a
         COMMIT, the completion returned its row, and the connection out of
         any transaction.  Anything else means the completion did not commit
@@ -225,7 +240,7 @@ class Job:
         answers = [(cursor.statusmessage, cursor.rowcount)]
         while cursor.nextset():
             answers.append((cursor.statusmessage, cursor.rowcount))
-        status = self.conn.info.transaction_status
+        status = self._connection.info.transaction_status
         expected = statements + 2   # BEGIN, the statements (completion included), COMMIT
         if (status != psycopg.pq.TransactionStatus.IDLE or len(answers) != expected
                 or answers[-1][0] != "COMMIT" or answers[-2][1] != 1):
@@ -233,7 +248,7 @@ class Job:
                                f"({len(answers)} of {expected} statements answered, last "
                                f"{answers[-1][0]!r}, connection {status.name}); its writes were rolled back")
 
-    def _raising_completion(self) -> tuple[str, dict]:
+    def _raising_completion(self) -> tuple[LiteralString, dict[str, int]]:
         """The completion that raises PF001 when the fence refuses (or, in
         the demo's unprotected mode, completes by id alone)."""
         return jobs.raising_completion(self.id, self.attempt, fence=self.fence)
@@ -262,7 +277,7 @@ class Job:
     def _lost_ownership(self) -> bool:
         """True if this attempt is known to no longer own the job; False if
         it still does, or if the connection cannot tell."""
-        conn = self.conn
+        conn = self._connection
         if conn.closed:
             return False
         try:
@@ -271,17 +286,25 @@ class Job:
         except Exception:  # noqa: BLE001 - the original error is raised instead
             return False
 
-    def _check_open(self) -> None:
+    @property
+    def _connection(self) -> psycopg.Connection[Any]:
+        """The worker's connection; a Job built without one cannot write."""
         if self.conn is None:
             raise RuntimeError("this job is not attached to a worker connection")
+        return self.conn
+
+    def _open_connection(self) -> psycopg.Connection[Any]:
+        """The worker's connection, for a job not yet completed."""
+        conn = self._connection
         if self.completed:
             raise RuntimeError(f"job {self.id} is already completed")
+        return conn
 
     def _roll_back(self) -> None:
         """After an error in a block sent in one round trip (pipelined or
         fenced_writes) the server holds an aborted transaction (its COMMIT
         was skipped): end it, if the connection still stands."""
-        conn = self.conn
+        conn = self._connection
         if conn.closed or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             return
         try:
@@ -292,10 +315,11 @@ class Job:
             conn.close()
 
     def _complete_in_transaction(self) -> None:
+        conn = self._connection
         if self.fence:
-            done = jobs.complete(self.conn, self.id, self.attempt)
+            done = jobs.complete(conn, self.id, self.attempt)
         else:
-            done = jobs.complete_unfenced(self.conn, self.id)
+            done = jobs.complete_unfenced(conn, self.id)
         if not done:
             self._rejected()
             # Raising inside the transaction block rolls the handler's writes back.
@@ -310,8 +334,8 @@ class Writes:
     """The statements of a :meth:`Job.fenced_writes` block, queued until it ends."""
 
     def __init__(self) -> None:
-        self.statements: list[tuple[str, Any]] = []
+        self.statements: list[tuple[Query, Params | None]] = []
 
-    def execute(self, query: str, params: Any = None) -> None:
+    def execute(self, query: Query, params: Params | None = None) -> None:
         """Queue one statement; its ``params`` are bound when the block ends."""
         self.statements.append((query, params))

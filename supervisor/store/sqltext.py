@@ -107,7 +107,7 @@ def one_statement(text: str, *, standard_strings: bool = True) -> str:
     if end < 0:
         raise UnsafeStatement("empty statement (only blanks, comments or semicolons)")
     words = _WORDS.findall(text[first:first + 40].lower())[:2] if text[first].isalpha() else []
-    if words and (words[0] in _TRANSACTION_CONTROL and words[:2] != ["rollback", "to"]
+    if words and ((words[0] in _TRANSACTION_CONTROL and words[:2] != ["rollback", "to"])
                   or words[:2] == ["prepare", "transaction"]):
         raise UnsafeStatement(f"transaction control ({words[0].upper()}) in a fenced block: "
                               "pgfence begins and commits it")

@@ -110,7 +110,7 @@ def table(acts: list[Act]) -> str:
     """The acts as columns separated by at least two spaces."""
     rows = [HEADERS] + [act.cells() for act in acts]
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADERS))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
 class _Sink(MailSink):
@@ -253,7 +253,7 @@ class _Demo:
             if on_sink is not None:
                 on_sink(sink, workers)
             start("demo-A")
-            payload = {"order_id": f"demo-{self.tag}-{act.number}", "email": "customer@example.com",
+            payload: dict[str, Any] = {"order_id": f"demo-{self.tag}-{act.number}", "email": "customer@example.com",
                        "amount_cents": 1250, "render_seconds": render}
             act.job_id = job_id = enqueue(self.conn, "send_receipt", payload, queue=queue, max_attempts=5)
             claimed = self.wait(act, "demo-A to claim the job",
@@ -291,6 +291,7 @@ class _Demo:
 
         def script(act: Act, sink: _Sink, workers: dict[str, _Worker], claimed_at: float) -> None:
             job_id = act.job_id
+            assert job_id is not None   # enqueued before the script runs
             if self.wait(act, "demo-B to reclaim the job", lambda: self.job(job_id)[1] >= 2,
                          self.lease + self.render + SLACK):
                 self.say(f"  nothing renewed the lease: demo-B reclaimed job {job_id} as attempt 2 "
@@ -310,6 +311,7 @@ class _Demo:
 
         def script(act: Act, sink: _Sink, workers: dict[str, _Worker], claimed_at: float) -> None:
             job_id = act.job_id
+            assert job_id is not None   # enqueued before the script runs
             if self.wait(act, "the job to finish", lambda: self.settled(job_id),
                          self.lease + self.render + SLACK):
                 status, attempt, _owner = self.job(job_id)
@@ -339,6 +341,7 @@ class _Demo:
 
         def script(act: Act, sink: _Sink, workers: dict[str, _Worker], claimed_at: float) -> None:
             job_id = act.job_id
+            assert job_id is not None   # enqueued before the script runs
             worker_a = workers["demo-A"]
             if not self.wait(act, "demo-A to send the email", paused.is_set, render + SLACK):
                 return

@@ -13,6 +13,7 @@ import sys
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Self
 
 
 class MailSink:
@@ -22,7 +23,7 @@ class MailSink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 self.rfile.read(length)
                 key = self.headers.get("Idempotency-Key") or ""
@@ -36,7 +37,7 @@ class MailSink:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 with sink.lock:
                     body = json.dumps(dict(sink.deliveries)).encode()
                 self.send_response(200)
@@ -55,7 +56,8 @@ class MailSink:
     @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}/send"
+        # The address of an IPv4 or IPv6 socket: host is a str, never bytes.
+        return f"http://{host!s}:{port}/send"
 
     @property
     def requests(self) -> int:
@@ -68,7 +70,7 @@ class MailSink:
         with self.lock:
             return len(self.deliveries)
 
-    def start(self) -> MailSink:
+    def start(self) -> Self:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
         return self

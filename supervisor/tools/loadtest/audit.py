@@ -132,14 +132,14 @@ def run(ev: Evidence) -> dict[str, Any]:
     return {"passed": all(c["passed"] for c in checks), "checks": checks}
 
 
-def _ended(ev: Evidence) -> dict:
+def _ended(ev: Evidence) -> dict[str, Any]:
     states = Counter(j["status"] for j in ev.jobs)
     live = states.get("queued", 0) + states.get("running", 0)
     return _check("every job ended", live == 0,
                   f"{states.get('queued', 0)} queued, {states.get('running', 0)} running", states=dict(states))
 
 
-def _accounted(ev: Evidence) -> dict:
+def _accounted(ev: Evidence) -> dict[str, Any]:
     found = {j["id"] for j in ev.jobs}
     missing = sorted(set(ev.enqueued) - found)
     extra = sorted(found - set(ev.enqueued))
@@ -148,7 +148,7 @@ def _accounted(ev: Evidence) -> dict:
                   f"{len(extra)} unknown", missing=missing[:LIST_LIMIT], unknown=extra[:LIST_LIMIT])
 
 
-def _final_states(ev: Evidence) -> dict:
+def _final_states(ev: Evidence) -> dict[str, Any]:
     wrong = [{"job": j["id"], "mix": ev.enqueued[j["id"]], "status": j["status"], "attempt": j["attempt"],
               "last_error": j["last_error"]}
              for j in ev.jobs if j["id"] in ev.enqueued and j["status"] != EXPECTED[ev.enqueued[j["id"]]]]
@@ -156,7 +156,7 @@ def _final_states(ev: Evidence) -> dict:
                   wrong=wrong[:LIST_LIMIT], wrong_count=len(wrong))
 
 
-def _once(ev: Evidence, table: str, rows: dict[int, list[dict]], mix_name: str) -> dict:
+def _once(ev: Evidence, table: str, rows: dict[int, list[dict[str, Any]]], mix_name: str) -> dict[str, Any]:
     duplicates = [{"job": job_id, "rows": [r["id"] for r in rs], "attempts": [r["attempt"] for r in rs],
                    **({"workers": [r["worker"] for r in rs]} if table == "effects" else {})}
                   for job_id, rs in sorted(rows.items()) if len(rs) > 1]
@@ -167,7 +167,7 @@ def _once(ev: Evidence, table: str, rows: dict[int, list[dict]], mix_name: str) 
                   duplicates=duplicates, missing=missing[:LIST_LIMIT])
 
 
-def _deliveries(ev: Evidence) -> dict:
+def _deliveries(ev: Evidence) -> dict[str, Any]:
     receipt_jobs = {j["id"]: j for j in ev.jobs if ev.enqueued.get(j["id"]) == "receipt"}
     keys = {idempotency_key(job_id): j for job_id, j in receipt_jobs.items()}
     over = [{"job": j["id"], "requests": ev.deliveries[k], "attempt": j["attempt"]}
@@ -194,7 +194,7 @@ def database_totals(ev: Evidence) -> dict[str, int]:
     }
 
 
-def _counters(ev: Evidence) -> list[dict]:
+def _counters(ev: Evidence) -> list[dict[str, Any]]:
     if ev.metrics is None:
         return [_check("counters scraped", False, "the metrics of at least one supervisor could not be scraped")]
     db = database_totals(ev)
@@ -211,7 +211,8 @@ def _counters(ev: Evidence) -> list[dict]:
     bound = db["extra_attempts"] + db["failed_at_claim"] + ev.batch * ev.broken
     ok = prevented <= bound
     detail = (f"pgfence_double_run_prevented_total {prevented:g} <= sum(attempt - 1) {db['extra_attempts']} "
-              f"+ failed at claim {db['failed_at_claim']} + batch x broken connections {ev.batch * ev.broken} = {bound}")
+              f"+ failed at claim {db['failed_at_claim']} + batch x broken connections {ev.batch * ev.broken} "
+              f"= {bound}")
     if ev.broken == 0 and r == 0:
         ok = ok and prevented == 0
         detail += "; no job changed hands and no connection was broken, so it must be 0"
@@ -234,7 +235,7 @@ def fault_windows(ev: Evidence) -> list[tuple[float, float, str]]:
             for e in ev.fault_events]
 
 
-def _extra_attempts(ev: Evidence) -> dict:
+def _extra_attempts(ev: Evidence) -> dict[str, Any]:
     windows = fault_windows(ev)
     disturbed, explained, unexplained = 0, 0, []
     for j in ev.jobs:
@@ -262,7 +263,7 @@ def _extra_attempts(ev: Evidence) -> dict:
                   unexplained=unexplained[:LIST_LIMIT], unexplained_count=len(unexplained))
 
 
-def _deadlocks(ev: Evidence) -> dict:
+def _deadlocks(ev: Evidence) -> dict[str, Any]:
     if ev.deadlocks is None:
         return _check("no deadlocks", True, "pg_stat_database.deadlocks not read")
     if fault_free(ev):
@@ -273,7 +274,7 @@ def _deadlocks(ev: Evidence) -> dict:
                   "(faults injected: reported only)", deadlocks=ev.deadlocks)
 
 
-def _supervisors(ev: Evidence) -> dict:
+def _supervisors(ev: Evidence) -> dict[str, Any]:
     bad = [s for s in ev.supervisors if s["exited_early"] or s["exit_status"] != 0 or not s["scraped"]]
     return _check("supervisors", not bad,
                   f"{len(ev.supervisors)} supervisor(s), {len(bad)} that stopped on their own, exited non-zero or "

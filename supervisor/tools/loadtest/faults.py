@@ -24,6 +24,7 @@ hit is tried again a quarter second later.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -48,7 +49,6 @@ RESTART_SKIPPED = "the load test does not control the server (run with --embedde
 class Faults:
     def __init__(self, faults: tuple[str, ...], *, seed: int, interval: float, lease: float, fleet: Fleet,
                  proxy: Proxy, server: Server, link_names: list[str], clock_zero: float):
-        self.requested = faults
         self.skipped = {"restart": RESTART_SKIPPED} if "restart" in faults and not server.controlled else {}
         self.enabled = [f for f in faults if f not in self.skipped]
         self.schedule = random.Random(f"pgfence-loadtest-faults:{seed}")
@@ -128,7 +128,7 @@ class Faults:
 
     # -- the faults ----------------------------------------------------------------------
 
-    def _stop(self, now: float) -> dict | None:
+    def _stop(self, now: float) -> dict[str, Any] | None:
         picked = self._worker()
         if picked is None:
             return None
@@ -144,7 +144,7 @@ class Faults:
         self._undo.append((now + seconds, resume))
         return {"supervisor": index, "pid": pid, "seconds": seconds, **self._job_of(title)}
 
-    def _kill(self, now: float) -> dict | None:
+    def _kill(self, now: float) -> dict[str, Any] | None:
         picked = self._worker()
         if picked is None:
             return None
@@ -152,9 +152,9 @@ class Faults:
         _signal(pid, signal.SIGKILL)
         return {"supervisor": index, "pid": pid, **self._job_of(title)}
 
-    def _kill_heartbeat(self, now: float) -> dict | None:
-        found = [(s.index, s.heartbeat()) for s in self.fleet.supervisors if s.alive()]
-        found = [(i, pid) for i, pid in found if pid is not None]
+    def _kill_heartbeat(self, now: float) -> dict[str, Any] | None:
+        found = [(s.index, pid) for s in self.fleet.supervisors
+                 if s.alive() and (pid := s.heartbeat()) is not None]
         if not found:
             return None
         index, pid = self.targets.choice(found)
@@ -166,7 +166,7 @@ class Faults:
             self._conn = self.server.connect()
         return self._conn
 
-    def _terminate(self, now: float) -> dict | None:
+    def _terminate(self, now: float) -> dict[str, Any] | None:
         ours = sorted(self.proxy.backend_pids())
         if not ours:
             return None
@@ -191,7 +191,7 @@ class Faults:
             self.terminated[kind] += n
         return {"workers": ended["worker"], "heartbeats": ended["heartbeat"]}
 
-    def _partition(self, now: float) -> dict | None:
+    def _partition(self, now: float) -> dict[str, Any] | None:
         links = [link.index for link in self.proxy.links if not link.cut]
         if not links:
             return None
@@ -201,7 +201,7 @@ class Faults:
         self._undo.append((now + seconds, lambda: self.proxy.heal(index)))
         return {"link": self.link_names[index], "seconds": seconds}
 
-    def _restart(self, now: float) -> dict | None:
+    def _restart(self, now: float) -> dict[str, Any] | None:
         started = time.monotonic()
         if self._conn is not None:
             self._conn.close()
@@ -211,7 +211,6 @@ class Faults:
 
 
 def _signal(pid: int, sig: int) -> None:
-    try:
+    # The process may have exited meanwhile: nothing left to signal.
+    with contextlib.suppress(OSError):
         os.kill(pid, sig)
-    except OSError:
-        pass

@@ -10,6 +10,7 @@ heartbeat manager are found by their process titles, as ``ps`` shows them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeAlias
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -64,8 +66,12 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
         return 0, ""
 
 
-def parse_metrics(text: str) -> dict[tuple[str, tuple], float]:
-    out: dict[tuple[str, tuple], float] = {}
+#: One scrape of /metrics: (sample name, sorted label pairs) to value.
+Scrape: TypeAlias = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse_metrics(text: str) -> Scrape:
+    out: Scrape = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
@@ -76,7 +82,7 @@ def parse_metrics(text: str) -> dict[tuple[str, tuple], float]:
 class Supervisor:
     index: int
     port: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     log: Path
     exit_status: int | None = None
     exited_early: bool = False
@@ -96,7 +102,7 @@ class Supervisor:
     def heartbeat(self) -> int | None:
         return next((pid for pid, t in self.processes() if t.startswith("pgfence heartbeat")), None)
 
-    def scrape(self) -> dict[tuple[str, tuple], float] | None:
+    def scrape(self) -> Scrape | None:
         status, text = http_get(self.url("/metrics"))
         return parse_metrics(text) if status == 200 else None
 
@@ -200,10 +206,9 @@ class Fleet:
             s.proc.send_signal(signal.SIGINT)
         deadline = time.monotonic() + timeout
         for s in running:
-            try:
+            # One still running after the deadline is killed below.
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 s.proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
         for s in self.supervisors:
             _signal(-s.proc.pid, signal.SIGKILL)
             if s.proc.poll() is None:
@@ -211,7 +216,6 @@ class Fleet:
 
 
 def _signal(pid: int, sig: int) -> None:
-    try:
+    # The process may have exited meanwhile: nothing left to signal.
+    with contextlib.suppress(OSError):
         os.kill(pid, sig)
-    except OSError:
-        pass

@@ -24,8 +24,6 @@ from pgfence.errors import ConfigError
 KINDS = {"noop": "noop", "sleep": "sleep", "fail": "fail", "effect": "effect", "receipt": "send_receipt"}
 #: Mix name -> the final status every such job must reach.
 EXPECTED = {"noop": "done", "sleep": "done", "fail": "failed", "effect": "done", "receipt": "done"}
-#: The mix name of each kind.
-MIX_OF = {kind: name for name, kind in KINDS.items()}
 
 MAX_ATTEMPTS = 10
 MAX_RECLAIMS = 8

@@ -8,6 +8,7 @@ import math
 import os
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from pgfence.errors import ConfigError
 from pgfence.settings import parse_duration
@@ -73,10 +74,11 @@ class Plan:
     log_dir: str | None
     unprotected: bool
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {
             "jobs": self.jobs, "supervisors": self.supervisors, "workers": self.workers, "batch": self.batch,
-            "mix": dict(self.weights), "counts": dict(self.counts), "sleep_mean": self.sleep_mean, "sleep_max": self.sleep_max,
+            "mix": dict(self.weights), "counts": dict(self.counts),
+            "sleep_mean": self.sleep_mean, "sleep_max": self.sleep_max,
             "lease": self.lease, "poll_interval": self.poll_interval, "faults": list(self.faults),
             "fault_interval": self.fault_interval, "seed": self.seed, "timeout": self.timeout,
             "pgbouncer": self.pgbouncer, "embedded": self.embedded, "unprotected": self.unprotected,
@@ -131,10 +133,7 @@ def plan(args: argparse.Namespace) -> Plan:
     faults = parse_faults(args.faults)
     fault_interval = _seconds("--fault-interval", args.fault_interval)
     timeout = _seconds("--timeout", args.timeout)
-    if args.seed is None:
-        seed = secrets.randbelow(2**31)
-    else:
-        seed = _whole("--seed", args.seed, 0, 2**63 - 1)
+    seed = secrets.randbelow(2**31) if args.seed is None else _whole("--seed", args.seed, 0, 2**63 - 1)
     if args.embedded and args.dsn:
         raise ConfigError("give --embedded or --dsn, not both")
     if args.pgbouncer:

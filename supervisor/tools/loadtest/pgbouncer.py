@@ -33,7 +33,8 @@ def find() -> str | None:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _quote(value: str) -> str:
@@ -48,7 +49,7 @@ class PgBouncer:
         self.user = user
         self.password = password
         self.port = 0
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def ini(self) -> str:
         server = f"host=127.0.0.1 port={self.server_port} dbname={_quote(self.dbname)} user={_quote(self.user)}"
@@ -93,7 +94,7 @@ class PgBouncer:
         for name in ("pgbouncer.ini", "userlist.txt"):
             os.chmod(self.dir / name, 0o600)
         with open(self.dir.parent / "pgbouncer.log", "wb") as log:
-            self.proc = subprocess.Popen(command + [str(self.dir / "pgbouncer.ini")], stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen([*command, str(self.dir / "pgbouncer.ini")], stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

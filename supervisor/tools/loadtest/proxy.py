@@ -21,9 +21,14 @@ load test's main thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 import struct
 import threading
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 SSL_REQUEST = 80877103
 GSSENC_REQUEST = 80877104
@@ -36,8 +41,6 @@ class Link:
     index: int
     port: int = 0
     gate: asyncio.Event = field(default_factory=asyncio.Event)
-    connections: int = 0
-    partitions: int = 0
 
     @property
     def cut(self) -> bool:
@@ -80,7 +83,7 @@ class Proxy:
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self._servers: list[asyncio.base_events.Server] = []
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._pids: dict[int, int] = {}          # backend pid -> link index
         self._lock = threading.Lock()
 
@@ -98,10 +101,6 @@ class Proxy:
     def heal(self, index: int) -> None:
         self._call_soon(self._heal, index)
 
-    def heal_all(self) -> None:
-        for link in self.links:
-            self.heal(link.index)
-
     def backend_pids(self) -> set[int]:
         """PostgreSQL backend pids of the connections open through the proxy."""
         with self._lock:
@@ -118,10 +117,10 @@ class Proxy:
             self._thread = None
             self._loop.close()
 
-    def _call(self, coro, timeout: float = 30):
+    def _call(self, coro: Coroutine[Any, Any, _T], timeout: float = 30) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
-    def _call_soon(self, func, *args) -> None:
+    def _call_soon(self, func: Callable[..., object], *args: object) -> None:
         done = threading.Event()
 
         def run() -> None:
@@ -139,7 +138,7 @@ class Proxy:
         for index in range(count):
             link = Link(index)
             link.gate.set()
-            server = await asyncio.start_server(lambda r, w, link=link: self._accept(link, r, w),
+            server = await asyncio.start_server(functools.partial(self._accept, link),
                                                 "127.0.0.1", 0, backlog=1024)
             link.port = server.sockets[0].getsockname()[1]
             self.links.append(link)
@@ -147,10 +146,7 @@ class Proxy:
         return [link.port for link in self.links]
 
     def _cut(self, index: int) -> None:
-        link = self.links[index]
-        if not link.cut:
-            link.partitions += 1
-        link.gate.clear()
+        self.links[index].gate.clear()
 
     def _heal(self, index: int) -> None:
         self.links[index].gate.set()
@@ -161,7 +157,6 @@ class Proxy:
         task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, link: Link, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
-        link.connections += 1
         swriter: asyncio.StreamWriter | None = None
         key = _BackendKey()
         try:

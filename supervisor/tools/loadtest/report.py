@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import sys
 from collections import Counter
-from typing import Any
+from typing import Any, TextIO
 
 from pgfence.tools.loadtest.mix import EXPECTED, KINDS
 
@@ -100,7 +100,7 @@ def text(report: dict[str, Any]) -> str:
 class Progress:
     """One updating line on stderr (\\r), when stderr is a terminal or asked."""
 
-    def __init__(self, total: int, enabled: bool = False, stream=None):
+    def __init__(self, total: int, enabled: bool = False, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stderr
         self.enabled = bool(enabled) or self.stream.isatty()
         self.total = total

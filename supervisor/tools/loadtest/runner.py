@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import random
 import secrets
 import signal
@@ -35,7 +34,7 @@ from pgfence.tools.loadtest import options
 from pgfence.tools.loadtest import report
 from pgfence.tools.loadtest import store
 from pgfence.tools.loadtest.faults import Faults
-from pgfence.tools.loadtest.fleet import Fleet
+from pgfence.tools.loadtest.fleet import Fleet, Scrape
 from pgfence.tools.loadtest.options import Plan
 from pgfence.tools.loadtest.pgbouncer import PgBouncer
 from pgfence.tools.loadtest.proxy import Proxy
@@ -65,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
-def metric_totals(scrapes: list[dict]) -> dict[str, Any]:
+def metric_totals(scrapes: list[Scrape]) -> dict[str, Any]:
     """Counters summed over the supervisors' scrapes."""
     def total(name: str) -> int:
         return round(sum(v for s in scrapes for (n, _labels), v in s.items() if n == name))
@@ -231,9 +230,9 @@ class LoadTest:
         while time.monotonic() < deadline and not self.fleet.all_idle():
             time.sleep(0.1)
 
-    def _stop_fleet(self) -> list[dict | None]:
+    def _stop_fleet(self) -> list[Scrape | None]:
         """Scrape each supervisor's /metrics just before stopping it."""
-        scrapes = []
+        scrapes: list[Scrape | None] = []
         for s in self.fleet.supervisors:
             scrapes.append(s.scrape() if s.alive() else None)
             self.fleet.stop(s, self.graceful + 10)
@@ -241,7 +240,7 @@ class LoadTest:
 
     # -- the evidence and the report ------------------------------------------------
 
-    def _evidence(self, scrapes: list[dict | None]) -> audit.Evidence:
+    def _evidence(self, scrapes: list[Scrape | None]) -> audit.Evidence:
         conn = self._db()
         ok = all(s is not None for s in scrapes)
         plan = self.plan
@@ -257,11 +256,11 @@ class LoadTest:
             metrics=metric_totals([s for s in scrapes if s]) if ok else None,
             supervisors=[{"index": s.index, "exit_status": s.exit_status, "exited_early": s.exited_early,
                           "scraped": scrape is not None, "log_tail": s.tail() if s.exit_status else ""}
-                         for s, scrape in zip(self.fleet.supervisors, scrapes)],
+                         for s, scrape in zip(self.fleet.supervisors, scrapes, strict=True)],
             batch=plan.batch, broken=broken, faults=dict(self.faults.counts), fault_events=list(self.faults.events),
             lease=plan.lease, db_zero=self.db_zero, deadlocks=deadlocks)
 
-    def _report(self, ev: audit.Evidence, result: dict, elapsed: float) -> dict[str, Any]:
+    def _report(self, ev: audit.Evidence, result: dict[str, Any], elapsed: float) -> dict[str, Any]:
         f = self.faults
         return {
             "config": self.plan.describe(),

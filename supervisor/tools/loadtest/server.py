@@ -43,7 +43,7 @@ def check_loopback(dsn: str) -> None:
         raise ConfigError(f"invalid --dsn: {db.redact(dsn)}") from None
     # Without a host in the DSN, libpq takes PGHOST / PGHOSTADDR.
     for key in ("host", "hostaddr"):
-        for host in (params.get(key) or os.environ.get(f"PG{key.upper()}") or "").split(","):
+        for host in str(params.get(key) or os.environ.get(f"PG{key.upper()}") or "").split(","):
             if not is_loopback(host.strip()):
                 raise ConfigError(f"the load test runs only against a PostgreSQL on this host (loopback or a Unix "
                                   f"socket), not {host.strip()!r}")
@@ -99,8 +99,9 @@ class Server:
 
     def client_dsn(self, host: str, port: int) -> str:
         """A DSN for the supervisors: this database through ``host:port``."""
-        params = {"host": host, "port": port, "dbname": self.dbname, "user": self.user,
-                  "sslmode": "disable", "gssencmode": "disable"}
+        params: dict[str, str | int | None] = {
+            "host": host, "port": port, "dbname": self.dbname, "user": self.user,
+            "sslmode": "disable", "gssencmode": "disable"}
         if self.password:
             params["password"] = self.password
         return make_conninfo("", **params)

@@ -15,7 +15,7 @@ from pgfence.tools.loadtest.mix import JobSpec
 ENQUEUE_CHUNK = 5000
 
 
-def enqueue(conn: psycopg.Connection, queue: str, specs: list[JobSpec]) -> dict[int, str]:
+def enqueue(conn: psycopg.Connection[Any], queue: str, specs: list[JobSpec]) -> dict[int, str]:
     """Enqueue every job in ONE transaction (workers see them all at once);
     return job id -> mix name."""
     ids: dict[int, str] = {}
@@ -31,26 +31,26 @@ def enqueue(conn: psycopg.Connection, queue: str, specs: list[JobSpec]) -> dict[
     return ids
 
 
-def states(conn: psycopg.Connection, queue: str) -> dict[str, int]:
+def states(conn: psycopg.Connection[Any], queue: str) -> dict[str, int]:
     return loadtest.states(conn, queue)
 
 
-def deadlocks(conn: psycopg.Connection) -> int:
+def deadlocks(conn: psycopg.Connection[Any]) -> int:
     """Deadlocks detected in this database so far (pg_stat_database)."""
     return loadtest.deadlocks(conn)
 
 
-def clock(conn: psycopg.Connection) -> Any:
+def clock(conn: psycopg.Connection[Any]) -> Any:
     """The database clock now."""
     return loadtest.clock(conn)
 
 
-def jobs(conn: psycopg.Connection, queue: str) -> list[dict[str, Any]]:
+def jobs(conn: psycopg.Connection[Any], queue: str) -> list[dict[str, Any]]:
     """Every job of the run, as the audit reads it (by column name)."""
     return [row._asdict() for row in loadtest.jobs(conn, queue)]
 
 
-def rows_by_job(conn: psycopg.Connection, queue: str, table: str) -> dict[int, list[dict[str, Any]]]:
+def rows_by_job(conn: psycopg.Connection[Any], queue: str, table: str) -> dict[int, list[dict[str, Any]]]:
     """The run's rows of pgfence_examples.effects or pgfence_examples.receipts, per job, in
     commit order."""
     rows = loadtest.effects(conn, queue) if table == "effects" else loadtest.receipts(conn, queue)
@@ -60,7 +60,7 @@ def rows_by_job(conn: psycopg.Connection, queue: str, table: str) -> dict[int, l
     return out
 
 
-def cancel_leftovers(conn: psycopg.Connection, queue: str) -> int:
+def cancel_leftovers(conn: psycopg.Connection[Any], queue: str) -> int:
     """Cancel the run's jobs still queued or running once its supervisors are
     gone (an interrupted or timed-out run), so none is left behind."""
     return loadtest.cancel_leftovers(conn, queue)
