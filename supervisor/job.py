@@ -316,10 +316,7 @@ class Job:
 
     def _complete_in_transaction(self) -> None:
         conn = self._connection
-        if self.fence:
-            done = jobs.complete(conn, self.id, self.attempt)
-        else:
-            done = jobs.complete_unfenced(conn, self.id)
+        done = jobs.complete(conn, self.id, self.attempt) if self.fence else jobs.complete_unfenced(conn, self.id)
         if not done:
             self._rejected()
             # Raising inside the transaction block rolls the handler's writes back.

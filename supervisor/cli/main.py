@@ -20,6 +20,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
+
 from pgfence.cli import admin
 from pgfence import bounds
 from pgfence.store import db
@@ -191,7 +193,7 @@ def _embedded_dsn() -> str:
     return dsn
 
 
-def _connect(args: argparse.Namespace, *, auto_migrate: bool = True):
+def _connect(args: argparse.Namespace, *, auto_migrate: bool = True) -> tuple[str, psycopg.Connection[Any]]:
     dsn, is_embedded = _dsn(args)
     conn = db.connect(dsn)
     # The embedded server is pgfence's own: set it up on first use so that a
@@ -293,7 +295,7 @@ def _parse_time(text: str) -> dt.datetime:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    dsn, conn = _connect(args, auto_migrate=False)
+    _dsn, conn = _connect(args, auto_migrate=False)
     with conn:
         applied = migrate.apply(conn)
     for m in applied:
@@ -598,6 +600,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pgfence: interrupted", file=sys.stderr)
         return 130
-    except (db.psycopg.Error, OSError) as exc:
+    except (psycopg.Error, OSError) as exc:
         print(f"pgfence: error: {db.translate(exc)}", file=sys.stderr)
         return 1

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -52,7 +52,7 @@ class MetricsServer:
         self.table = table
         self.liveness = liveness
         self.queue_refresh = queue_refresh
-        self._conn = None
+        self._conn: psycopg.Connection[Any] | None = None
         self._db_lock = threading.Lock()
         self._stop = threading.Event()
         self._seen: set[tuple[str, str]] = set()
@@ -129,7 +129,7 @@ class MetricsServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
                     registry = CollectorRegistry()

@@ -20,7 +20,6 @@ import os
 import select
 import signal
 import time
-from typing import Any
 
 from pgfence.observe import metrics
 from pgfence.prefork import proctitle
@@ -57,7 +56,7 @@ class RenewalProcess:
         spans = [renew_period(spec.lease, settings.heartbeat) / 2 for spec in registry.specs() if spec.lease]
         spans += [timeout / 4 for timeout in [settings.timeout] + [spec.timeout for spec in registry.specs()]
                   if timeout]
-        self.wake = max(0.02, min([0.5, renew_period(settings.lease, settings.heartbeat) / 2] + spans))
+        self.wake = max(0.02, min([0.5, renew_period(settings.lease, settings.heartbeat) / 2, *spans]))
         # The manager's own view of each held lease, keyed by (slot, entry,
         # job id, attempt); rebuilt from the slot table every round.
         self._leases: dict[Key, Lease] = {}
@@ -161,7 +160,7 @@ class RenewalProcess:
         result = self.manager.run_once(leases, horizon=now + self.manager.window(leases))
         if result.sent or not leases:   # a round that only marked a timeout keeps the last count
             metrics.HEARTBEAT_LEASES.set(result.sent)
-        for lease, (slot, entry, job_id, attempt) in zip(leases, keys):
+        for lease, (slot, entry, job_id, attempt) in zip(leases, keys, strict=True):
             self.table.write_renewal(slot, entry, job_id, attempt, deadline=lease.deadline,
                                      lost=lease.lost_reason, lost_at=lease.lost_at, failing=lease.failing)
         self.rounds += 1
@@ -169,7 +168,7 @@ class RenewalProcess:
         proctitle.set(f"pgfence heartbeat [{len(leases)} leases]")
         # A job that ended between reading the table and the renewal comes
         # back "rejected"; only leases still held are news worth a line.
-        still_held = [lease for lease, (slot, entry, job_id, attempt) in zip(leases, keys)
+        still_held = [lease for lease, (slot, entry, job_id, attempt) in zip(leases, keys, strict=True)
                       if lease.lost_reason and any(h.entry == entry and h.job_id == job_id and h.attempt == attempt
                                                    for h in self.table.held(slot))]
         if still_held:

@@ -362,7 +362,7 @@ class HeartbeatManager:
             leases = self.tracked()
             try:
                 self.run_once(leases, horizon=now + self.window(leases))
-            except Exception:  # noqa: BLE001 - the loop must survive anything
+            except Exception:
                 log.exception("heartbeat round crashed")
             now = time.monotonic()
             self._next_at = self.next_round(self.tracked(), now)

@@ -13,7 +13,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -89,7 +89,7 @@ def conninfo(dsn: str, application_name: str = "pgfence", **extra: object) -> st
     partition is seen before a lease could run out.
     """
     try:
-        params = conninfo_to_dict(dsn)
+        params: dict[str, Any] = dict(conninfo_to_dict(dsn))
     except psycopg.ProgrammingError as exc:
         raise DatabaseUnavailable(f"invalid DSN: {scrub(first_line(exc), dsn)}") from None
     defaults = {

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 
 from pgfence.store.queries import q
 
 
-def register(conn: psycopg.Connection, *, kinds: list[str], queues: list[str], max_attempts: list[int],
-             max_reclaims: list[int], leases: list[float | None], timeouts: list[float | None],
+def register(conn: psycopg.Connection[Any], *, kinds: list[str], queues: list[str | None],
+             max_attempts: list[int | None], max_reclaims: list[int | None], leases: list[float | None],
+             timeouts: list[float | None],
              by: str) -> list[str]:
     """Upsert the options of the kinds (parallel lists, one element per
     kind); the kinds whose row was written (new or changed), sorted."""

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 import psycopg
 
@@ -72,6 +72,19 @@ class Stats:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
 
+
+class LeaseTracker(Protocol):
+    """What renews a worker's leases while its jobs run: its own
+    :class:`HeartbeatManager` (``pgfence work``) or, in a child of
+    ``pgfence run``, the slot table the shared heartbeat manager reads."""
+
+    def track(self, lease: Lease) -> None: ...
+
+    def handler_started(self, lease: Lease) -> None: ...
+
+    def untrack(self, lease: Lease) -> None: ...
+
+
 class Worker:
     """Claims and runs jobs from ``settings.queues``.
 
@@ -81,7 +94,7 @@ class Worker:
     """
 
     def __init__(self, dsn: str, settings: Settings, *, name: str | None = None,
-                 heartbeat: HeartbeatManager | None = None,
+                 heartbeat: LeaseTracker | None = None,
                  on_job: Callable[[Job | None], None] | None = None):
         self.dsn = dsn
         self.settings = settings
@@ -94,14 +107,15 @@ class Worker:
         self._stop = threading.Event()
         self._conn: psycopg.Connection | None = None
         self._listening = False
-        self._own_heartbeat = heartbeat is None and settings.renew
-        self.heartbeat = heartbeat
-        if self._own_heartbeat:
+        #: The manager this worker started itself (in a thread), if any.
+        self._own: HeartbeatManager | None = None
+        self.heartbeat: LeaseTracker | None = heartbeat
+        if heartbeat is None and settings.renew:
             validate_heartbeat(settings.heartbeat, registry.specs())
-            self.heartbeat = HeartbeatManager(dsn, default_lease=settings.lease, interval=settings.heartbeat,
-                                              timeout_grace=settings.lost_lease_kill_after,
-                                              prepare=settings.prepare, backoff=self.retry_backoff,
-                                              idle_in_transaction_timeout=settings.idle_in_transaction_timeout)
+            self.heartbeat = self._own = HeartbeatManager(
+                dsn, default_lease=settings.lease, interval=settings.heartbeat,
+                timeout_grace=settings.lost_lease_kill_after, prepare=settings.prepare, backoff=self.retry_backoff,
+                idle_in_transaction_timeout=settings.idle_in_transaction_timeout)
         self._last_prune = time.monotonic()
         #: When the next claim also looks for expired leases (monotonic).
         self._next_reclaim_scan = 0.0
@@ -151,8 +165,8 @@ class Worker:
         return False
 
     def close(self) -> None:
-        if self.heartbeat is not None and self._own_heartbeat:
-            self.heartbeat.stop()
+        if self._own is not None:
+            self._own.stop()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -530,8 +544,8 @@ class Worker:
 
     def run(self, *, burst: bool = False, max_jobs: int | None = None) -> Stats:
         """Work until asked to stop (or, with ``burst``, until the queue is empty)."""
-        if self.heartbeat is not None and self._own_heartbeat:
-            self.heartbeat.start()
+        if self._own is not None:
+            self._own.start()
         try:
             while not self.stopping:
                 try:
