@@ -8,6 +8,13 @@ Every test that takes ``dsn`` runs against each backend in
 - ``embedded``: pgfence's embedded PostgreSQL 18, started once per session
   in a temporary folder and stopped at the end.
 
+When both backends run, the modules in ``SERVER_ONLY_WHEN_BOTH`` (they
+drive processes, signals and timing, which do not depend on the server's
+version) run on the server alone, so the default command stays near ten
+minutes on two cores; everything that speaks version-dependent SQL (claims,
+the fence, migrations, enqueue, kinds, plans) runs on both.
+``PGFENCE_TEST_EMBEDDED=all`` runs every test on both backends.
+
 A migrated template database, with the example handlers' tables, is made
 once per backend; each test gets its
 own copy (``CREATE DATABASE ... TEMPLATE``) and it is dropped afterwards.
@@ -34,6 +41,28 @@ from pgfence import registry as _registry  # noqa: E402
 _registry.load(["pgfence.handlers.builtin", "pgfence.handlers.receipts"])
 
 BACKENDS = [b.strip() for b in os.environ.get("PGFENCE_TEST_BACKENDS", "server,embedded").split(",") if b.strip()]
+#: Modules whose tests run on the server alone when both backends are
+#: configured (see the module's docstring).
+SERVER_ONLY_WHEN_BOTH = frozenset({
+    "test_supervisor_faults", "test_supervisor", "test_demo", "test_heartbeat", "test_idle_wait",
+    "test_prometheus_scrape", "test_metrics", "test_unknown_kinds", "test_timeout_start", "test_poison",
+    "test_outages", "test_orphans",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if len(BACKENDS) < 2 or os.environ.get("PGFENCE_TEST_EMBEDDED") == "all":
+        return
+    dropped = [item for item in items
+               if getattr(item, "callspec", None) is not None
+               and item.callspec.params.get("backend") == "embedded"
+               and item.module.__name__ in SERVER_ONLY_WHEN_BOTH]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        chosen = set(map(id, dropped))
+        items[:] = [item for item in items if id(item) not in chosen]
+
+
 SERVER_DSN = os.environ.get("PGFENCE_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
