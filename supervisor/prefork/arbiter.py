@@ -19,7 +19,6 @@ Signals:
 
 from __future__ import annotations
 
-import errno
 import importlib
 import logging
 import os
@@ -40,7 +39,7 @@ from pgfence.errors import ConfigError
 from pgfence.observe import metrics
 from pgfence.observe import server as metrics_server
 from pgfence.prefork import child, proctitle
-from pgfence.prefork.helper import MAX_BOOT_FAILURES, METRICS_UP_AFTER, HelperProcess, boot_backoff
+from pgfence.prefork.helper import MAX_BOOT_FAILURES, METRICS_UP_AFTER, HelperProcess, boot_backoff, kill
 from pgfence.prefork.sdnotify import SystemdReporter
 from pgfence.prefork.slots import ACTIVE, FREE, ORPHANED_CRASH, ORPHANED_STOP, SlotTable
 from pgfence.renewal import process as renewal_process
@@ -438,7 +437,7 @@ class Arbiter:
     def _term(self, c: Child) -> None:
         if c.term_sent_at is None:
             c.term_sent_at = time.monotonic()
-            _kill(c.pid, signal.SIGTERM)
+            kill(c.pid, signal.SIGTERM)
 
     def murder_workers(self) -> float:
         """Kill children past their time: a job past its timeout by the grace
@@ -457,7 +456,7 @@ class Arbiter:
                                     c.number, c.pid)
                     else:
                         log.info("killing worker %d (pid %d)", c.number, c.pid)
-                    _kill(c.pid, signal.SIGKILL)
+                    kill(c.pid, signal.SIGKILL)
                 continue
             if c.killed_for_lost:
                 continue   # SIGKILL sent; waiting for waitpid
@@ -473,7 +472,7 @@ class Arbiter:
                         log.warning("worker %d (pid %d) still runs job %d attempt %d %gs after its timeout "
                                     "(%gs): killing it", c.number, c.pid, held.job_id, held.attempt, grace,
                                     held.timeout)
-                        _kill(c.pid, signal.SIGKILL)
+                        kill(c.pid, signal.SIGKILL)
                         break
                     next_kill = min(next_kill, kill_at)
                 renewal = self.table.read_renewal(c.slot, held.entry, held.job_id, held.attempt)
@@ -484,7 +483,7 @@ class Arbiter:
                         log.warning("worker %d (pid %d) still runs job %d attempt %d %gs after its lease was lost "
                                     "(%s): killing it", c.number, c.pid, held.job_id, held.attempt, grace,
                                     renewal.lost)
-                        _kill(c.pid, signal.SIGKILL)
+                        kill(c.pid, signal.SIGKILL)
                         break
                     next_kill = min(next_kill, renewal.lost_at + grace)
         return next_kill
@@ -631,13 +630,6 @@ class Arbiter:
         state = f" {self._stopping} stop" if self._stopping else ""
         return f"pgfence arbiter [{n} workers] queues={','.join(self.settings.queues)}{state}"
 
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except OSError as exc:
-        if exc.errno != errno.ESRCH:
-            raise
 
 
 def _describe(status: int) -> str:

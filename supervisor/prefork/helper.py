@@ -101,7 +101,7 @@ class HelperProcess:
         if self.pid is not None:
             if sig in (signal.SIGTERM, signal.SIGKILL):
                 self.signalled = True
-            _kill(self.pid, sig)
+            kill(self.pid, sig)
 
     def reload(self) -> None:
         """Stop the running process so that a new one, started at once,
@@ -143,7 +143,8 @@ class HelperProcess:
         return None
 
 
-def _kill(pid: int, sig: int) -> None:
+def kill(pid: int, sig: int) -> None:
+    """Send ``sig`` to ``pid``; a process already gone is no error."""
     try:
         os.kill(pid, sig)
     except OSError as exc:
