@@ -556,3 +556,36 @@ def test_usage_errors_never_print_the_dsn_password(tmp_path):
     results = run_cases(cases, None, tmp_path)
     failures = {case.name: p for case, out, err, code in results if (p := problems_of(case, out, err, code))}
     assert failures == {}
+
+
+@pytest.mark.parametrize("buffered", [True, False])
+def test_a_reader_that_closes_the_pipe_early_is_not_an_error_of_ours(tmp_path, buffered):
+    """`pgfence embedded status | grep -q running`: the reader may close the
+    pipe before pgfence has written everything.  That is reported as no
+    'database unreachable: [Errno 32] Broken pipe' (the line .ci/wheel-smoke
+    once failed on), no traceback: pgfence exits 141, as SIGPIPE would end it."""
+    env = env_for()
+    env["PGFENCE_HOME"] = str(tmp_path / "home")
+    if buffered:
+        env.pop("PYTHONUNBUFFERED", None)
+    read_end, write_end = os.pipe()
+    os.close(read_end)                  # the reader is gone before the first write
+    try:
+        proc = spawn("embedded", "status", env=env, stdout=write_end)
+    finally:
+        os.close(write_end)
+    _out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (141, "")
+
+
+def test_a_database_broken_pipe_is_still_reported(monkeypatch, capsys):
+    """The same error raised by something else than standard output (a
+    socket to the database, say) stays one clear line and exit 1."""
+    from pgfence.cli import main as cli_main
+
+    def broken(_args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setitem(cli_main.COMMANDS, "status", broken)
+    assert cli_main.main(["status", "--dsn", "postgresql://postgres@127.0.0.1:1/x"]) == 1
+    assert capsys.readouterr().err == "pgfence: error: database unreachable: [Errno 32] Broken pipe\n"

@@ -13,6 +13,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -581,6 +582,18 @@ def _hide_argv(argv: Sequence[str]) -> None:
     proctitle.set(" ".join(["pgfence", *(db.mask_passwords(arg) for arg in argv)]))
 
 
+def _stdout_gone() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (poll
+    reports an error on the write end of a pipe that has no reader left)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        events = poller.poll(0)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return any(mask & select.POLLERR for _fd, mask in events)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
@@ -593,7 +606,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"invalid log-level: expected one of {', '.join(LOG_LEVELS)}, "
                               f"got {args.log_level!r}")
         _configure_logging(getattr(args, "log_level", "INFO"))
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        # Flush here, not at exit, so a reader gone early is handled below.
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError as exc:
+        if not _stdout_gone():
+            print(f"pgfence: error: {db.translate(exc)}", file=sys.stderr)
+            return 1
+        # The reader of our output went away (`pgfence status | head -1`):
+        # not an error of ours to report.  Exit as a process that SIGPIPE
+        # ended would, and keep the interpreter's last flush from failing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except PgfenceError as exc:
         print(f"pgfence: error: {_scrub_argv(str(exc), argv)}", file=sys.stderr)
         return exc.exit_code
