@@ -266,6 +266,22 @@ class Settings:
     workers: int = setting(2, whole, "worker processes", commands=("run",))
     graceful_timeout: float = setting(
         30.0, duration, "how long a SIGTERM drain waits for running jobs", commands=("run",))
+    # A child that grows (a leak in a handler or a library, a heap that
+    # fragments) is replaced by a fresh one between jobs; off by default.
+    max_jobs_per_child: int | None = setting(
+        None, optional(whole), "a worker child that has run this many jobs (plus up to a tenth more, drawn per "
+                               "child) is replaced by a fresh one",
+        doc="a worker child that has run this many jobs (each child draws its own limit in N to N + N/10, so "
+            "that children are not replaced all at once) stops claiming, finishes what it holds and exits; the "
+            "arbiter starts a fresh child in its place. Not a crash: logged at INFO, no restart counted; none: "
+            "never",
+        commands=("run",))
+    max_memory_per_child: int | None = setting(
+        None, optional(whole), "a worker child whose resident memory exceeds this many MiB after a job is "
+                               "replaced by a fresh one",
+        doc="a worker child whose resident memory (RSS, from /proc/self/statm) exceeds this many MiB, checked "
+            "after each claim that ran a job, stops claiming and exits as with `max_jobs_per_child`; none: never",
+        commands=("run",))
     lost_lease_kill_after: float = setting(
         5.0, duration, "how long a worker may keep running a job whose lease is lost before it is killed",
         commands=("run",))
@@ -319,6 +335,11 @@ class Settings:
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ConfigError(f"invalid {name}: must be a whole number of at least 1, got {value!r}")
+        for name in ("max_jobs_per_child", "max_memory_per_child"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and value >= 1):
+                raise ConfigError(f"invalid {name.replace('_', '-')}: must be a whole number of at least 1, or "
+                                  f"none, got {value!r}")
         if self.heartbeat is not None and self.heartbeat >= self.lease:
             raise ConfigError(f"invalid heartbeat: {self.heartbeat}s must be shorter than the lease ({self.lease}s)")
         if not (isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535):

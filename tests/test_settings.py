@@ -64,6 +64,7 @@ def test_every_setting_is_read_from_its_environment_variable_flag_and_toml_key(t
               "timeout": 60.0, "backoff_base": 2.0, "backoff_max": 120.0, "unknown_kind_delay": 10.0,
               "unknown_kind_timeout": 600.0, "retention": 86400.0, "prune_interval": 30.0,
               "handlers": ("x.jobs", "y"), "workers": 5, "graceful_timeout": 12.0,
+              "max_jobs_per_child": 500, "max_memory_per_child": 512,
               "lost_lease_kill_after": 3.0, "idle_in_transaction_timeout": 90.0, "metrics_host": "0.0.0.0",
               "metrics_port": 9500, "metrics_dir": "/run/m", "listen": False, "prepare": False}
     users = [d for d in settings_mod.DECLARATIONS.values() if not d.hidden]

@@ -19,6 +19,7 @@ Signals:
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import os
@@ -62,6 +63,21 @@ CRASH_STREAK_WINDOW = 30.0
 #: 0.8 s... up to this many seconds: a job or handler that kills every child
 #: that touches it must not make the arbiter fork in a tight loop.
 CRASH_BACKOFF_MAX = 30.0
+
+
+def freeze_heap() -> None:
+    """Move every object the arbiter holds now (the handler modules and what
+    they imported) out of the collector's reach, before children are forked.
+
+    A child's collector would otherwise walk these objects and rewrite
+    their GC headers as it moves them between generations, so copy-on-write
+    would copy every page that holds one into each child; frozen, they are
+    never examined, and the pages only the collector would have touched stay
+    shared (the refcounts of objects a child actually uses still copy their
+    pages).  Called once the handler modules are imported, and
+    again after a reload re-imports them.  The arbiter's own later garbage
+    is still collected (only what exists at the call is frozen)."""
+    gc.freeze()
 
 
 def crash_backoff(streak: int) -> float:
@@ -120,6 +136,9 @@ class Child:
 class ArbiterStats:
     spawned: int = 0
     restarts: int = 0
+    #: Children that replaced themselves (max_jobs_per_child,
+    #: max_memory_per_child): not restarts.
+    recycled: int = 0
 
 
 class Arbiter:
@@ -248,6 +267,8 @@ class Arbiter:
             validate_heartbeat(settings.heartbeat, registry.specs())
             self.settings = settings.replace(batch=min(settings.batch, self.table.njobs))
             self.target = settings.workers
+        # The re-imported modules are the new children's shared pages.
+        freeze_heap()
 
     def _fork(self) -> int:
         # The arbiter runs no thread, so nothing another thread holds can be
@@ -372,21 +393,29 @@ class Arbiter:
         held = self.table.held(c.slot)
         # The child ticked at least once: it connected and was ready to work.
         booted = self.table.slot(c.slot).alive_at > 0
-        planned = c.retiring or self._stopping
-        level = logging.INFO if planned and os.waitstatus_to_exitcode(status) == 0 else logging.WARNING
+        code = os.waitstatus_to_exitcode(status)
+        # A child that replaced itself after its job or memory limit left as
+        # cleanly as one asked to go: a fresh one takes its place, and it is
+        # no crash (no restart counted, no crash streak, no boot failure).
+        recycled = code == child.RECYCLED
+        planned = c.retiring or self._stopping or recycled
+        clean = code == 0 or recycled
+        level = logging.INFO if planned and clean else logging.WARNING
+        if recycled:
+            how = "recycled: starting a fresh worker in its place"
+            self.stats.recycled += 1
         log.log(level, "worker %d (pid %d) %s%s", c.number, c.pid, how,
                 f" holding {len(held)} job(s): releasing them" if held else "")
         # A child that was up and did not exit cleanly may also hold a claim
         # it had no time to publish: the heartbeat manager looks for those by
         # name.  One that never came up (never ticked) never claimed.
-        if held or (booted and os.waitstatus_to_exitcode(status) != 0):
+        if held or (booted and not clean):
             stop_kill = c.killed in (Kill.STOP, Kill.OUTAGE) or self._stopping is not None
             self.table.set_state(c.slot, ORPHANED_STOP if stop_kill else ORPHANED_CRASH)
             self._wake_renewal()
         else:
             self.table.clear_all(c.slot)
             self.table.set_state(c.slot, FREE)
-        code = os.waitstatus_to_exitcode(status)
         if code == child.BOOT_ERROR:
             self._halt(f"worker {c.number} could not start (exit {code}); stopping")
             return
@@ -532,6 +561,7 @@ class Arbiter:
         self._install_signals()
         proctitle.set(self._title())
         self.table.set_arbiter_state(time.monotonic(), self.target)
+        freeze_heap()
         self.spawn_helpers()
         self.manage_workers()
         proctitle.set(self._title())

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import logging
 import os
+import random
+import resource
 import secrets
 import signal
 import socket
+import sys
 import threading
 
 from pgfence.prefork import proctitle
@@ -29,12 +32,43 @@ log = logging.getLogger("pgfence.worker")
 #: Exit status of a child that could not start (the arbiter halts on it).
 BOOT_ERROR = 3
 
+#: Exit status of a child that replaced itself (``max_jobs_per_child``,
+#: ``max_memory_per_child``): it finished its jobs and held none, so the
+#: arbiter starts a fresh child in its place and counts no crash.
+RECYCLED = 4
+
 #: Signals the arbiter sends its children.  They are blocked across the fork
 #: and unblocked by the child once its own handlers are set, so that one sent
 #: a moment after the fork stays pending instead of reaching the arbiter's
 #: handler copied into the child (where a TERM was lost) or the default action
 #: (USR1 kills).
 STARTUP_BLOCKED = frozenset({signal.SIGTERM, signal.SIGUSR1})
+
+
+def recycle_limit(jobs: int, rng: random.Random | None = None) -> int:
+    """This child's own job limit: ``jobs`` plus up to a tenth more, drawn
+    at random, so that children started together are not all replaced at
+    the same moment (each replacement is a fork, a connection and a cold
+    start)."""
+    return (rng or random.Random()).randint(jobs, jobs + jobs // 10)
+
+
+def rss_mib() -> float:
+    """The process's resident memory now, in MiB.
+
+    From ``/proc/self/statm`` (its second field: resident pages): that is
+    the current size, which falls again when memory is given back.
+    ``resource.getrusage``'s ``ru_maxrss`` is the peak, which never falls; it
+    is the fallback where there is no /proc, and there a child above its
+    limit once stays above it, so it is replaced after its next job."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            resident = int(fh.read().split()[1])
+        return resident * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        # Kilobytes on Linux, bytes on macOS.
+        return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
 def new_instance_id() -> str:
@@ -136,7 +170,7 @@ def main(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
 
 def _run(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
          tick_interval: float, instance: str) -> int:
-    from pgfence.worker.loop import Worker
+    from pgfence.worker.loop import PUT_BACK, Worker
 
     parent = os.getppid()
     signal.set_wakeup_fd(-1)
@@ -165,6 +199,33 @@ def _run(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
     # child that dies before it is counted as a failure to start.
     worker.connect_with_retry()
     leases.start()
-    worker.run()
+    max_jobs = settings.max_jobs_per_child
+    limit = recycle_limit(max_jobs) if max_jobs is not None else None
+    max_memory = settings.max_memory_per_child
+    grown: list[float] = []
+
+    def too_big() -> bool:
+        # Asked between jobs only: a child above its limit finishes the job
+        # it holds and is then replaced.
+        if max_memory is None:
+            return False
+        rss = rss_mib()
+        if rss > max_memory:
+            grown.append(rss)
+            return True
+        return False
+
+    stats = worker.run(max_jobs=limit, enough=too_big)
     leases.stop()
-    return 0
+    if worker.stopping:
+        return 0
+    # run() returned without being asked to stop: a limit was reached, and
+    # the worker, closed, holds no job.
+    ran = sum(n for outcome, n in stats.outcomes.items() if outcome != PUT_BACK)
+    if grown:
+        log.info("worker %d recycled after %d jobs: resident memory %.0f MiB above max-memory-per-child %d MiB",
+                 number, ran, grown[-1], max_memory)
+    else:
+        log.info("worker %d recycled after %d jobs (max-jobs-per-child %s, its own limit %s)",
+                 number, ran, max_jobs, limit)
+    return RECYCLED

@@ -542,8 +542,12 @@ class Worker:
                     metrics.observe_many(metrics.of(metrics.JOB_DURATION, queue, kind), values)
         return len(jobs)
 
-    def run(self, *, burst: bool = False, max_jobs: int | None = None) -> Stats:
-        """Work until asked to stop (or, with ``burst``, until the queue is empty)."""
+    def run(self, *, burst: bool = False, max_jobs: int | None = None,
+            enough: Callable[[], bool] | None = None) -> Stats:
+        """Work until asked to stop (or, with ``burst``, until the queue is
+        empty, or until ``max_jobs`` jobs have run).  ``enough`` is asked
+        after each claim that ran a job, never while a job is held: true ends
+        the loop as ``max_jobs`` does (a child's memory limit)."""
         if self._own is not None:
             self._own.start()
         try:
@@ -561,6 +565,8 @@ class Worker:
                 # Put-backs ran nothing: they do not count as jobs.
                 if max_jobs is not None and sum(n for outcome, n in self.stats.outcomes.items()
                                                 if outcome != PUT_BACK) >= max_jobs:
+                    break
+                if claimed and enough is not None and enough():
                     break
                 if claimed == 0:
                     if burst:
