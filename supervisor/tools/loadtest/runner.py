@@ -32,6 +32,7 @@ from pgfence.tools.loadtest import audit
 from pgfence.tools.loadtest import mix
 from pgfence.tools.loadtest import options
 from pgfence.tools.loadtest import report
+from pgfence.store import loadtest as loadtest_store
 from pgfence.tools.loadtest import store
 from pgfence.tools.loadtest.faults import Faults
 from pgfence.tools.loadtest.fleet import Fleet, Scrape
@@ -132,7 +133,7 @@ class LoadTest:
 
     def _cancel_leftovers(self) -> None:
         try:
-            left = store.cancel_leftovers(self._db(), self.queue)
+            left = loadtest_store.cancel_leftovers(self._db(), self.queue)
             if left:
                 print(f"pgfence loadtest: cancelled {left} job(s) left in queue {self.queue}", file=sys.stderr)
         except (psycopg.Error, PgfenceError) as exc:
@@ -158,10 +159,10 @@ class LoadTest:
                               sleep_max=plan.sleep_max)
         # Before the first job can run: a deadlock of this run shows as a
         # change of the database's cumulative count.
-        self.deadlocks_before = store.deadlocks(self._db())
+        self.deadlocks_before = loadtest_store.deadlocks(self._db())
         self.enqueued = store.enqueue(self._db(), self.queue, specs)
         zero = time.monotonic()
-        self.db_zero = store.clock(self._db())
+        self.db_zero = loadtest_store.clock(self._db())
         self.faults = Faults(plan.faults, seed=plan.seed, interval=plan.fault_interval, lease=plan.lease,
                              fleet=self.fleet, proxy=self.proxy, server=self.server, link_names=self.link_names,
                              clock_zero=zero)
@@ -214,7 +215,7 @@ class LoadTest:
 
     def _states(self) -> dict[str, int] | None:
         try:
-            return store.states(self._db(), self.queue)
+            return loadtest_store.states(self._db(), self.queue)
         except (psycopg.Error, PgfenceError):
             self._close_conn()   # a restart or a broken connection: next time
             return None
@@ -247,7 +248,7 @@ class LoadTest:
         broken = sum(self.faults.terminated.values()) + self.server.restarts * plan.supervisors * plan.workers
         # Read after every supervisor stopped: a backend reports its
         # deadlocks to the statistics at the latest when it exits.
-        deadlocks = store.deadlocks(conn) - self.deadlocks_before
+        deadlocks = loadtest_store.deadlocks(conn) - self.deadlocks_before
         return audit.Evidence(
             jobs=store.jobs(conn, self.queue), enqueued=self.enqueued,
             effects=store.rows_by_job(conn, self.queue, "effects"),

@@ -1,6 +1,8 @@
-"""The load test's own statements (``sql/queries/loadtest.sql``): enqueue
-the jobs, follow the queue, gather the evidence.  Everything is filtered by
-the run's queue, so other jobs in the same database are never counted."""
+"""What the load test adds to its statements in ``pgfence.store.loadtest``:
+the jobs enqueued in chunks from the mix, and rows shaped as the audit reads
+them (by column name).  The runner calls the store directly for the rest.
+Everything is filtered by the run's queue, so other jobs in the same
+database are never counted."""
 
 from __future__ import annotations
 
@@ -31,18 +33,7 @@ def enqueue(conn: psycopg.Connection[Any], queue: str, specs: list[JobSpec]) -> 
     return ids
 
 
-def states(conn: psycopg.Connection[Any], queue: str) -> dict[str, int]:
-    return loadtest.states(conn, queue)
 
-
-def deadlocks(conn: psycopg.Connection[Any]) -> int:
-    """Deadlocks detected in this database so far (pg_stat_database)."""
-    return loadtest.deadlocks(conn)
-
-
-def clock(conn: psycopg.Connection[Any]) -> Any:
-    """The database clock now."""
-    return loadtest.clock(conn)
 
 
 def jobs(conn: psycopg.Connection[Any], queue: str) -> list[dict[str, Any]]:
@@ -58,9 +49,3 @@ def rows_by_job(conn: psycopg.Connection[Any], queue: str, table: str) -> dict[i
     for row in rows:
         out.setdefault(row.job_id, []).append(row._asdict())
     return out
-
-
-def cancel_leftovers(conn: psycopg.Connection[Any], queue: str) -> int:
-    """Cancel the run's jobs still queued or running once its supervisors are
-    gone (an interrupted or timed-out run), so none is left behind."""
-    return loadtest.cancel_leftovers(conn, queue)
