@@ -1,0 +1,455 @@
+"""Many jobs per worker child: ``--threads`` and ``--async-concurrency``
+under ``pgfence run``, with real processes, real signals, real PostgreSQL.
+
+Every test reads the job rows and the effect rows (one per completed
+attempt, naming the child's pid: two rows for one job would be a double
+run), the arbiter's log and, where the contract names one, the metric.
+
+The handlers live in tests/concurrency_handlers.py (sync kinds only, so a
+child that loads it alone has no event loop and a capacity of its thread
+count) and tests/concurrency_mixed_handlers.py (sync and async kinds);
+``async_effect`` and ``async_sleep`` are pgfence's built-in async kinds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from metricstools import free_port, http_get, samples, total
+from pgtools import job_row, scalar, wait_for
+from pgfence import enqueue
+from test_supervisor import FINAL, problems
+from test_supervisor_faults import Supervisor, pid_of, state, supervisors  # noqa: F401 - the fixture
+
+SYNC = "concurrency_handlers"
+MIXED = "concurrency_mixed_handlers"
+BUILTIN = "pgfence.handlers.builtin"
+
+#: The lease of the throughput runs; the heartbeat renews a lease once a
+#: third of it has passed.
+LEASE = 1.5
+INTERVAL = LEASE / 3
+
+#: A child's title while it runs jobs: ``pgfence worker 3 [5/32 jobs] kind
+#: job 42 attempt 1`` (the job it started last), or ``[0/32 jobs] idle``.
+TITLE = re.compile(r"^pgfence worker (\d+) \[(\d+)/(\d+) jobs\] (?:idle|(\S+) job (\d+) attempt (\d+))$")
+
+
+# -- helpers -------------------------------------------------------------------------
+
+
+def start(supervisors, **options: Any) -> tuple[Supervisor, int]:
+    """A supervisor with a metrics port of its own; (supervisor, port)."""
+    port = free_port()
+    return supervisors(metrics_port=port, **options), port
+
+
+def scrape(port: int) -> dict:
+    """The parsed /metrics, or {} while the server is not up (for polling)."""
+    status, text = http_get(f"http://127.0.0.1:{port}/metrics")
+    return samples(text) if status == 200 else {}
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    parsed = wait_for(lambda: scrape(port), timeout=10, message="a scrape of /metrics")
+    return total(parsed, name, **labels)
+
+
+def enqueue_many(conn, kind: str, n: int, payload: str = "{}") -> list[int]:
+    return [r[0] for r in conn.execute(
+        "SELECT pgfence.enqueue(%s, %s::jsonb) FROM generate_series(1, %s) ORDER BY 1", (kind, payload, n))]
+
+
+def rows(conn, ids: list[int]) -> list[tuple]:
+    """(id, status, attempt, reclaims, locked_by) of the jobs, by id."""
+    return conn.execute("SELECT id, status, attempt, reclaims, locked_by FROM pgfence.jobs WHERE id = ANY(%s)"
+                        " ORDER BY id", (ids,)).fetchall()
+
+
+def done(conn, ids: list[int]) -> bool:
+    return scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE id = ANY(%s) AND status = 'done'", (ids,)) == len(ids)
+
+
+def effects(conn) -> list[tuple[int, int, int]]:
+    """(job_id, attempt, pid) of every effect row, by job and attempt."""
+    return [(j, a, int(w)) for j, a, w in conn.execute(
+        "SELECT job_id, attempt, worker FROM pgfence_examples.effects ORDER BY job_id, attempt, id")]
+
+
+def running_by(conn) -> dict[int, int]:
+    """pid of the child -> jobs it holds (running)."""
+    return {pid_of(w): n for w, n in conn.execute(
+        "SELECT locked_by, count(*)::int FROM pgfence.jobs WHERE status = 'running' GROUP BY 1")}
+
+
+def held_by(conn, ids: list[int], pid: int) -> bool:
+    """True when every job of ``ids`` runs, attempt 1, in the child ``pid``."""
+    return all(s == "running" and a == 1 and pid_of(w) == pid for _i, s, a, _r, w in rows(conn, ids))
+
+
+def idle_in_transaction(conn) -> int:
+    return scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND pid <> pg_backend_pid() AND state = 'idle in transaction'")
+
+
+def final_stats(log: str) -> tuple[int, int, int, int]:
+    found = FINAL.findall(log)
+    assert len(found) == 1, log
+    return tuple(int(n) for n in found[0])
+
+
+def poll(sup: Supervisor, condition, timeout: float, message: str, interval: float) -> Any:
+    """Supervisor.wait at a slower pace (for conditions that cost a scrape)."""
+    try:
+        return wait_for(condition, timeout=timeout, interval=interval, message=message)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- {sup.label} log ---\n{sup.log()}") from None
+
+
+def stop(sup: Supervisor, timeout: float = 20) -> str:
+    """SIGTERM; exit 0; the log."""
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(timeout) == 0, sup.log()
+    return sup.log()
+
+
+# -- 1. thousands of jobs, exactly once, one renewal statement per round -----------------
+
+
+@pytest.mark.parametrize("kind, options", [
+    ("c_effect", {"threads": 16, "handlers": SYNC}),
+    ("async_effect", {"async_concurrency": 200, "handlers": BUILTIN}),
+], ids=["2x16-threads", "2x200-async"])
+def test_thousands_of_jobs_run_exactly_once_with_one_renewal_statement_per_round(
+        dsn, conn, supervisors, kind, options):
+    """5,000 jobs of 10 ms, one in fifty of 1 s (those live past a third of
+    the 1.5 s lease, so they are renewed while the short ones churn), on two
+    children of 16 threads, then of 200 async slots: every job done once on
+    attempt 1 with one effect row, many jobs in flight, and the heartbeat
+    sent at most one statement per round for all of them (several leases in
+    one statement), no more rounds than the clock allows."""
+    n = 5000
+    ids = [r[0] for r in conn.execute(
+        "SELECT pgfence.enqueue(%s, CASE WHEN i % 50 = 0 THEN '{\"seconds\": 1.0}'::jsonb"
+        "                                ELSE '{\"seconds\": 0.01}'::jsonb END)"
+        " FROM generate_series(1, %s) AS i ORDER BY 1", (kind, n))]
+    assert len(ids) == n
+    began = time.monotonic()
+    sup, port = start(supervisors, workers=2, lease=LEASE, **options)
+    seen = {"leases": 0.0, "in_flight": 0.0}
+
+    def finished() -> bool:
+        parsed = scrape(port)
+        seen["leases"] = max(seen["leases"], total(parsed, "pgfence_heartbeat_leases"))
+        seen["in_flight"] = max(seen["in_flight"], total(parsed, "pgfence_jobs_in_flight"))
+        return scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'done'") == n
+
+    poll(sup, finished, 60, f"all {n} jobs done", interval=0.25)
+    children = set(sup.workers())
+    log = stop(sup)
+    elapsed = time.monotonic() - began
+
+    assert conn.execute("SELECT status, attempt, reclaims, count(*)::int FROM pgfence.jobs GROUP BY 1, 2, 3"
+                        ).fetchall() == [("done", 1, 0, n)]
+    made = effects(conn)
+    assert [(j, a) for j, a, _p in made] == [(i, 1) for i in ids]
+    assert {p for _j, _a, p in made} == children and len(children) == 2
+    capacity = 2 * (options.get("threads", 1) + (options.get("async_concurrency", 0)))
+    # Many at once (more than one child's threads, for the async run more
+    # than both children's threads), never more than the capacity.
+    floor = 16 if kind == "c_effect" else 50
+    assert floor <= seen["in_flight"] <= capacity, seen
+    # Several leases went in one renewal statement.
+    assert seen["leases"] >= 2, seen
+    started, restarts, rounds, statements = final_stats(log)
+    assert (started, restarts) == (2, 0), log
+    assert 1 <= statements <= rounds, log
+    # A round at start, then one per interval; 2 rounds of slack for timing.
+    assert rounds <= elapsed / INTERVAL + 2, (rounds, elapsed)
+    assert problems(log) == [], log
+
+
+# -- 2. a child holding 16 jobs, stopped or killed -------------------------------------------
+
+
+def test_sigstopped_child_with_16_jobs_loses_all_16_and_none_of_its_completions_commits(dsn, conn, supervisors):
+    """One child of 16 threads holds 16 jobs, each inside its fenced
+    transaction with its effect written, and is stopped.  A second child
+    reclaims all 16 once their 1.5 s leases run out (attempt 2) and
+    completes them.  Resumed, the stopped child's 16 commits meet the fence:
+    none commits, and double_run_prevented rises by exactly 16."""
+    sup, port = start(supervisors, workers=1, threads=16, handlers=SYNC, lost_lease_kill_after=60)
+    [p] = sup.wait_workers(1)
+    before = metric(port, "pgfence_double_run_prevented_total")
+    ids = enqueue_many(conn, "c_hold", 16, '{"seconds": 6}')
+    sup.wait(lambda: held_by(conn, ids, p), 20, "the 16 jobs running in the one child")
+    sup.wait(lambda: idle_in_transaction(conn) == 16, 10, "the 16 inside their fenced transactions")
+    sup.signal(signal.SIGTTIN)
+    [q] = set(sup.wait_workers(2)) - {p}
+
+    os.kill(p, signal.SIGSTOP)
+    sup.wait(lambda: done(conn, ids), 20, "the other child's reclaims and completions")
+    assert rows(conn, ids) == [(i, "done", 2, 1, None) for i in ids]
+    assert state(p) == "T" and p in sup.workers()     # still stopped, not killed
+
+    os.kill(p, signal.SIGCONT)
+    sup.wait(lambda: metric(port, "pgfence_double_run_prevented_total") >= before + 16, 20,
+             "the 16 stale completions rejected")
+    sup.wait(lambda: idle_in_transaction(conn) == 0, 10, "the stale transactions over")
+    sup.wait(lambda: TITLE.match(sup.workers().get(p, "")) and sup.workers()[p].endswith(" idle"), 10,
+             "the resumed child idle again")
+    assert metric(port, "pgfence_double_run_prevented_total") == before + 16
+    assert metric(port, "pgfence_double_run_prevented_total", kind="c_hold") == 16
+    assert effects(conn) == [(i, 2, q) for i in ids]
+    assert rows(conn, ids) == [(i, "done", 2, 1, None) for i in ids]
+    log = sup.log()
+    rejected = re.findall(r"job (\d+) attempt 1 lost its lease \(fence_rejected\)", log)
+    assert sorted(map(int, rejected)) == ids, log
+    assert "killing it" not in log, log
+    assert set(sup.workers()) == {p, q}
+    stop(sup)
+
+
+def test_sigkilled_child_with_16_jobs_has_all_16_released_at_once(dsn, conn, supervisors):
+    """A child of 16 threads killed while it holds 16 jobs: the arbiter
+    releases the 16 on its death, long before their 30 s leases would run
+    out; its replacement runs them (attempt 2, no reclaim counted)."""
+    sup = supervisors(workers=1, threads=16, lease=30, handlers=SYNC)
+    [p] = sup.wait_workers(1)
+    ids = enqueue_many(conn, "c_first_slow", 16, '{"seconds": 60}')
+    sup.wait(lambda: held_by(conn, ids, p), 20, "the 16 jobs running in the one child")
+    os.kill(p, signal.SIGKILL)
+    killed = time.monotonic()
+    sup.wait(lambda: not any(pid_of(w) == p for *_x, w in rows(conn, ids)), 10, "the 16 released")
+    sup.wait(lambda: done(conn, ids), 15, "the 16 done by the replacement")
+    assert time.monotonic() - killed < 15        # their leases (30 s) never ran out
+    [q] = sup.workers()
+    assert q != p
+    assert rows(conn, ids) == [(i, "done", 2, 0, None) for i in ids]
+    assert effects(conn) == [(i, 2, q) for i in ids]
+    log = sup.log()
+    assert re.search(rf"worker \d+ \(pid {p}\) killed by SIGKILL holding 16 job\(s\): releasing them", log), log
+    stop(sup)
+
+
+# -- 3. one thread hung past its timeout -------------------------------------------------------
+
+
+def test_a_thread_hung_past_its_timeout_recycles_its_child_after_the_others_finish(dsn, conn, supervisors):
+    """A child of 4 threads runs one job that hangs past its 1 s timeout,
+    never calling check(), and three 3 s jobs.  lost-lease-kill-after (1 s)
+    after the timeout the child releases the hung job (fenced, retried),
+    claims no more, finishes the other three (done, attempt 1) and exits as
+    RECYCLED (4): no crash, no kill.  A fresh child runs the hung job's
+    attempt 2; children_recycled_total{reason="timeout"} is 1."""
+    sup, port = start(supervisors, workers=1, threads=4, handlers=SYNC, lost_lease_kill_after=1,
+                      backoff_base=0.2, graceful_timeout=15)
+    [p] = sup.wait_workers(1)
+    hung = enqueue(conn, "c_hang", {"seconds": 60}, max_attempts=3)
+    others = [enqueue(conn, "c_effect", {"seconds": 3}) for _ in range(3)]
+    sup.wait(lambda: held_by(conn, [hung, *others], p), 20, "the four jobs running in the one child")
+
+    sup.wait(lambda: job_row(conn, hung)["attempt"] == 2 and job_row(conn, hung)["status"] == "done", 20,
+             "the hung job's attempt 2 done")
+    row = job_row(conn, hung)
+    assert (row["status"], row["attempt"], row["reclaims"], row["locked_by"], row["last_error"]) == (
+        "done", 2, 0, None, "timed out after 1s; worker recycled")
+    assert rows(conn, others) == [(i, "done", 1, 0, None) for i in others]
+    assert all(job_row(conn, i)["last_error"] is None for i in others)
+    [q] = sup.wait_workers(1)
+    assert q != p and not sup.alive(p)
+    assert effects(conn) == sorted([(i, 1, p) for i in others] + [(hung, 2, q)])
+    log = sup.log()
+    assert re.search(rf"worker \d+ \(pid {p}\) recycled: starting a fresh worker in its place", log), log
+    assert metric(port, "pgfence_children_recycled_total", reason="timeout") == 1
+    assert "killing it" not in log and "crashed" not in log, log
+    log = stop(sup)
+    assert final_stats(log)[:2] == (2, 0), log
+
+
+# -- 4. recycling children of 8 threads ---------------------------------------------------------
+
+RECYCLED_LINE = re.compile(r"worker (\d+) \(pid (\d+)\) recycled: starting a fresh worker in its place")
+
+
+def test_max_jobs_per_child_with_8_threads_loses_and_doubles_no_job(dsn, conn, supervisors):
+    """Two children of 8 threads, each replaced after 20 jobs (20 to 22
+    with its jitter), run 200 jobs: each once, on attempt 1; no child ran
+    more than its limit; no crash, no crash-loop delay."""
+    sup, port = start(supervisors, workers=2, threads=8, lease=LEASE, handlers=SYNC, max_jobs_per_child=20)
+    ids = enqueue_many(conn, "c_effect", 200, '{"seconds": 0.02}')
+    sup.wait(lambda: done(conn, ids), 60, "the 200 jobs done")
+    sup.wait(lambda: len(sup.workers()) == 2, 20, "two children up")
+    assert rows(conn, ids) == [(i, "done", 1, 0, None) for i in ids]
+    made = effects(conn)
+    assert [(j, a) for j, a, _p in made] == [(i, 1) for i in ids]
+    per_child: dict[int, int] = {}
+    for _j, _a, pid in made:
+        per_child[pid] = per_child.get(pid, 0) + 1
+    assert max(per_child.values()) <= 22, per_child
+    assert len(per_child) >= 200 // 22, per_child
+    recycled = metric(port, "pgfence_children_recycled_total", reason="max_jobs")
+    log = sup.log()
+    assert recycled == len(RECYCLED_LINE.findall(log)) >= len(per_child) - 2, log
+    log = stop(sup)
+    assert final_stats(log)[1] == 0, log
+    assert "crashed" not in log and "in a row" not in log, log
+    assert problems(log) == [], log
+
+
+def test_max_memory_per_child_with_8_threads_loses_and_doubles_no_job(dsn, conn, supervisors):
+    """A child of 8 threads whose jobs keep 40 MiB each goes above 150 MiB:
+    it finishes what it holds and is replaced; every job runs once, on
+    attempt 1, and no crash is counted."""
+    sup, port = start(supervisors, workers=1, threads=8, lease=LEASE, handlers=SYNC, max_memory_per_child=150)
+    [first] = sup.wait_workers(1)
+    hogs = enqueue_many(conn, "c_hog", 6, '{"mib": 40}')
+    light = enqueue_many(conn, "c_effect", 40, '{"seconds": 0.05}')
+    ids = sorted(hogs + light)
+    sup.wait(lambda: done(conn, ids), 60, "the 46 jobs done")
+    sup.wait(lambda: RECYCLED_LINE.search(sup.log()), 20, "a child recycled")
+    sup.wait(lambda: len(sup.workers()) == 1 and first not in sup.workers(), 20, "a fresh child in its place")
+    assert rows(conn, ids) == [(i, "done", 1, 0, None) for i in ids]
+    assert [(j, a) for j, a, _p in effects(conn)] == [(i, 1) for i in ids]
+    log = sup.log()
+    assert first in {int(pid) for _n, pid in RECYCLED_LINE.findall(log)}
+    assert re.search(r"worker \d+ recycled after \d+ jobs: resident memory \d+ MiB above max-memory-per-child "
+                     r"150 MiB", log), log
+    assert metric(port, "pgfence_children_recycled_total", reason="max_memory") == len(RECYCLED_LINE.findall(log))
+    log = stop(sup)
+    assert final_stats(log)[1] == 0, log
+    assert "crashed" not in log and "in a row" not in log, log
+    assert problems(log) == [], log
+
+
+# -- 5. a handler that blocks the event loop -----------------------------------------------------
+
+
+def test_an_async_handler_blocking_the_event_loop_is_named_and_times_out(dsn, conn, supervisors):
+    """time.sleep(2) inside async def, with a 1 s timeout: a WARNING names
+    the kind and the job, event_loop_blocked_total{kind} counts it, and the
+    attempt is not completed: it ends timed out and retried (done on
+    attempt 2, which does not block)."""
+    sup, port = start(supervisors, workers=1, handlers=MIXED, lost_lease_kill_after=10, backoff_base=0.2)
+    sup.wait_workers(1)
+    job_id = enqueue(conn, "c_block_loop", {}, max_attempts=3)
+    sup.wait(lambda: job_row(conn, job_id)["status"] == "done", 20, "the job done")
+    row = job_row(conn, job_id)
+    assert (row["status"], row["attempt"], row["reclaims"], row["locked_by"]) == ("done", 2, 0, None)
+    assert row["last_error"] is not None and row["last_error"].startswith("timed out after 1s"), row
+    log = sup.log()
+    found = re.findall(rf" WARNING .*event loop of worker \d+ blocked for (\d+(?:\.\d+)?)s by c_block_loop "
+                       rf"job {job_id}\b", log)
+    assert found and all(float(s) >= 1.0 for s in found), log
+    assert metric(port, "pgfence_event_loop_blocked_total", kind="c_block_loop") >= 1
+    stop(sup)
+
+
+# -- 6. claims sized to the free slots ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("handlers", [SYNC, f"{BUILTIN},{SYNC}"], ids=["sync-only", "with-async-kinds"])
+def test_claims_take_no_more_than_the_free_threads(dsn, conn, supervisors, handlers):
+    """Two children of 4 threads and twelve 2 s jobs: eight run at once, four
+    in each child, and no child ever holds more than 4 (the last four wait
+    in the queue, not in a child).  Also with async kinds loaded, whose
+    event loop adds async slots: sync jobs still wait for a free thread in
+    the queue."""
+    sup, port = start(supervisors, workers=2, threads=4, handlers=handlers)
+    sup.wait_workers(2)
+    ids = enqueue_many(conn, "c_effect", 12, '{"seconds": 2}')
+    most: dict[int, int] = {}
+
+    def eight_running() -> bool:
+        held = running_by(conn)
+        for pid, n in held.items():
+            most[pid] = max(most.get(pid, 0), n)
+        return sorted(held.values()) == [4, 4]
+
+    sup.wait(eight_running, 20, "eight jobs running, four in each child")
+    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE id = ANY(%s) AND status = 'queued'", (ids,)) == 4
+    titles = sup.workers()
+    assert all((m := TITLE.match(t)) and m.group(2, 3, 4) == ("4", capacity_shown(handlers), "c_effect")
+               for t in titles.values()), titles
+    parsed = scrape(port)
+    assert total(parsed, "pgfence_jobs_in_flight") == 8, parsed
+    assert total(parsed, "pgfence_worker_free_slots") == total(parsed, "pgfence_worker_capacity") - 8, parsed
+    assert total(parsed, "pgfence_worker_capacity") == 2 * int(capacity_shown(handlers))
+
+    def all_done() -> bool:
+        eight_running()
+        return done(conn, ids)
+
+    sup.wait(all_done, 20, "the twelve jobs done")
+    assert max(most.values()) == 4 and len(most) == 2, most
+    assert rows(conn, ids) == [(i, "done", 1, 0, None) for i in ids]
+    assert [(j, a) for j, a, _p in effects(conn)] == [(i, 1) for i in ids]
+    stop(sup)
+
+
+def capacity_shown(handlers: str) -> str:
+    """A child's capacity: its threads, plus the async slots when a module
+    registers an async kind (the built-in one does)."""
+    return "4" if handlers == SYNC else str(4 + 100)
+
+
+# -- 7. sync and async kinds in one child -----------------------------------------------------------
+
+
+def test_a_mixed_module_runs_its_sync_and_async_kinds_at_once_in_one_child(dsn, conn, supervisors):
+    """Each meeting handler finishes only once the other has started in the
+    same process (tests/concurrency_mixed_handlers.py): both done on attempt
+    1 in the one child means they ran at the same time there."""
+    sup = supervisors(workers=1, threads=2, handlers=MIXED)
+    [p] = sup.wait_workers(1)
+    ids = [enqueue(conn, "c_meet_sync", {}, max_attempts=1), enqueue(conn, "c_meet_async", {}, max_attempts=1)]
+    sup.wait(lambda: all(job_row(conn, i)["status"] in ("done", "failed") for i in ids), 20, "both jobs ended")
+    assert [(r["status"], r["attempt"], r["last_error"]) for r in map(lambda i: job_row(conn, i), ids)] == [
+        ("done", 1, None)] * 2
+    assert effects(conn) == [(ids[0], 1, p), (ids[1], 1, p)]
+    stop(sup)
+
+
+# -- 8. draining many jobs on SIGTERM and SIGHUP -------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind, options", [
+    ("c_effect", {"threads": 8, "handlers": SYNC}),
+    ("async_effect", {"handlers": BUILTIN}),
+], ids=["8-threads", "async"])
+def test_sigterm_drains_every_job_in_flight_before_exit_0(dsn, conn, supervisors, kind, options):
+    sup = supervisors(workers=1, graceful_timeout=30, **options)
+    [p] = sup.wait_workers(1)
+    ids = enqueue_many(conn, kind, 8, '{"seconds": 3}')
+    sup.wait(lambda: held_by(conn, ids, p), 20, "the eight jobs running in the one child")
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(20) == 0, sup.log()
+    assert rows(conn, ids) == [(i, "done", 1, 0, None) for i in ids]
+    assert effects(conn) == [(i, 1, p) for i in ids]
+    log = sup.log()
+    assert "killing it" not in log and "lost its lease" not in log, log
+    assert not sup.alive(p)
+
+
+def test_sighup_lets_the_old_child_finish_its_eight_jobs(dsn, conn, supervisors):
+    sup = supervisors(workers=1, threads=8, handlers=SYNC)
+    [p] = sup.wait_workers(1)
+    ids = enqueue_many(conn, "c_effect", 8, '{"seconds": 3}')
+    sup.wait(lambda: held_by(conn, ids, p), 20, "the eight jobs running in the one child")
+    sup.signal(signal.SIGHUP)
+    [q] = sup.wait(lambda: len(w := sup.workers()) == 1 and p not in w and list(w), 20,
+                   "the new child in place of the old one")
+    assert rows(conn, ids) == [(i, "done", 1, 0, None) for i in ids]     # the old one finished first
+    assert effects(conn) == [(i, 1, p) for i in ids]
+    # The new child works.
+    more = enqueue(conn, "c_effect", {})
+    sup.wait(lambda: job_row(conn, more)["status"] == "done", 10, "a job done by the new child")
+    assert effects(conn)[-1] == (more, 1, q)
+    log = stop(sup)
+    assert "lost its lease" not in log and "killing it" not in log, log
