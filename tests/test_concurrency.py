@@ -98,6 +98,12 @@ def idle_in_transaction(conn) -> int:
                         " AND pid <> pg_backend_pid() AND state = 'idle in transaction'")
 
 
+def showing(sup: Supervisor, pid: int, jobs: int) -> bool:
+    """True when the title of the child ``pid`` counts ``jobs`` jobs."""
+    match = TITLE.match(sup.workers().get(pid, ""))
+    return bool(match) and int(match.group(2)) == jobs
+
+
 def final_stats(log: str) -> tuple[int, int, int, int]:
     found = FINAL.findall(log)
     assert len(found) == 1, log
@@ -136,7 +142,7 @@ def test_thousands_of_jobs_run_exactly_once_with_one_renewal_statement_per_round
     one statement), no more rounds than the clock allows."""
     n = 5000
     ids = [r[0] for r in conn.execute(
-        "SELECT pgfence.enqueue(%s, CASE WHEN i % 50 = 0 THEN '{\"seconds\": 1.0}'::jsonb"
+        "SELECT pgfence.enqueue(%s, CASE WHEN i %% 50 = 0 THEN '{\"seconds\": 1.0}'::jsonb"
         "                                ELSE '{\"seconds\": 0.01}'::jsonb END)"
         " FROM generate_series(1, %s) AS i ORDER BY 1", (kind, n))]
     assert len(ids) == n
@@ -190,6 +196,7 @@ def test_sigstopped_child_with_16_jobs_loses_all_16_and_none_of_its_completions_
     ids = enqueue_many(conn, "c_hold", 16, '{"seconds": 6}')
     sup.wait(lambda: held_by(conn, ids, p), 20, "the 16 jobs running in the one child")
     sup.wait(lambda: idle_in_transaction(conn) == 16, 10, "the 16 inside their fenced transactions")
+    sup.wait(lambda: showing(sup, p, 16), 10, "the 16 jobs in the child's title")
     sup.signal(signal.SIGTTIN)
     [q] = set(sup.wait_workers(2)) - {p}
 
@@ -224,14 +231,20 @@ def test_sigkilled_child_with_16_jobs_has_all_16_released_at_once(dsn, conn, sup
     [p] = sup.wait_workers(1)
     ids = enqueue_many(conn, "c_first_slow", 16, '{"seconds": 60}')
     sup.wait(lambda: held_by(conn, ids, p), 20, "the 16 jobs running in the one child")
+    # The claim commits before the child publishes the jobs in its slot; its
+    # title counts them once they are.
+    sup.wait(lambda: showing(sup, p, 16), 10, "the 16 jobs in the child's title")
     os.kill(p, signal.SIGKILL)
     killed = time.monotonic()
     sup.wait(lambda: not any(pid_of(w) == p for *_x, w in rows(conn, ids)), 10, "the 16 released")
     sup.wait(lambda: done(conn, ids), 15, "the 16 done by the replacement")
-    assert time.monotonic() - killed < 15        # their leases (30 s) never ran out
+    # Well before their 30 s leases would have run out.
+    assert time.monotonic() - killed < 15
     [q] = sup.workers()
     assert q != p
-    assert rows(conn, ids) == [(i, "done", 2, 0, None) for i in ids]
+    # Released on the child's death: counted as a reclaim, reported as such.
+    assert rows(conn, ids) == [(i, "done", 2, 1, None) for i in ids]
+    assert {job_row(conn, i)["last_error"] for i in ids} == {"worker died"}
     assert effects(conn) == [(i, 2, q) for i in ids]
     log = sup.log()
     assert re.search(rf"worker \d+ \(pid {p}\) killed by SIGKILL holding 16 job\(s\): releasing them", log), log
