@@ -235,6 +235,9 @@ class ConcurrentWorker(Worker):
         except Exception as exc:  # noqa: BLE001 - a handler may raise anything
             error = exc
         metrics.of(metrics.JOB_DURATION, job.queue, job.kind).observe(time.monotonic() - started)
+        if error is not None and flight.abandoned:
+            # Given up already (released, retried or failed): nothing to report.
+            return LOST
         if error is not None:
             # The report is a synchronous write: on a reporting thread, so
             # that the loop goes on with the other jobs.
@@ -344,8 +347,8 @@ class ConcurrentWorker(Worker):
         else:
             kind = culprit.job.kind
             detail = f"{errortext.one_line(kind)} job {culprit.job.id} attempt {culprit.job.attempt}"
-        log.warning("event loop of worker %s blocked for %.1fs by %s: an async handler ran blocking code (await it, "
-                    "or make the handler a def)", self.name, silent, detail)
+        log.warning("event loop of worker %s blocked for %.1fs (and counting) by %s: an async handler runs blocking "
+                    "code (await it, or make the handler a def)", self.name, silent, detail)
         metrics.EVENT_LOOP_BLOCKED.labels(kind).inc()
 
     def _wait_for_slot(self) -> None:

@@ -581,7 +581,15 @@ class Worker:
                     break
                 # A batch of one is deferred too: complete_many is then one
                 # autocommit statement instead of BEGIN, complete, COMMIT.
-                if self.run_job(job, deferred) == DEFERRED and len(deferred) == 1:
+                in_flight = metrics.of(metrics.JOBS_IN_FLIGHT, job.queue)
+                in_flight.inc()
+                metrics.WORKER_FREE_SLOTS.set(0)
+                try:
+                    outcome = self.run_job(job, deferred)
+                finally:
+                    in_flight.dec()
+                    metrics.WORKER_FREE_SLOTS.set(1)
+                if outcome == DEFERRED and len(deferred) == 1:
                     oldest = time.monotonic()
                 if deferred and time.monotonic() - oldest >= DEFER_MAX:
                     self.complete_deferred(deferred)
@@ -603,6 +611,10 @@ class Worker:
         self._owner = threading.current_thread()
         if self._own is not None:
             self._own.start()
+        # One job at a time: its slot is free between jobs (the gauges'
+        # saturation reads in flight / capacity).
+        metrics.WORKER_CAPACITY.set(1)
+        metrics.WORKER_FREE_SLOTS.set(1)
         try:
             while not self.stopping:
                 try:
@@ -626,6 +638,8 @@ class Worker:
                         break
                     self._wait_for_work()
         finally:
+            metrics.WORKER_CAPACITY.set(0)
+            metrics.WORKER_FREE_SLOTS.set(0)
             self.close()
         return self.stats
 
