@@ -1,4 +1,5 @@
 """Small handlers for tests, demos and load tests: noop, sleep, fail, effect.
+Their async counterparts are in :mod:`pgfence.handlers.aio`.
 
 Like any handler module, this one uses only pgfence's public API.  The
 ``effect`` kind writes to ``pgfence_examples.effects``, which
@@ -10,11 +11,11 @@ from __future__ import annotations
 import os
 import time
 
-from pgfence import Job, PayloadRejected, handler
+from pgfence import AsyncJob, Job, PayloadRejected, handler
 from pgfence.handlers.tables import INSERT_EFFECT
 
 
-def _seconds(job: Job, default: float = 0.0) -> float:
+def seconds_of(job: Job | AsyncJob, default: float = 0.0) -> float:
     payload = job.payload if isinstance(job.payload, dict) else {}
     value = payload.get("seconds", default)
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
@@ -42,7 +43,7 @@ def noop(job: Job) -> None:
 @handler("sleep")
 def sleep(job: Job) -> None:
     """Works for ``payload.seconds`` seconds, checking its lease."""
-    work_for(job, _seconds(job))
+    work_for(job, seconds_of(job))
 
 
 @handler("fail")
@@ -56,7 +57,8 @@ def fail(job: Job) -> None:
 def effect(job: Job) -> None:
     """Works for ``payload.seconds`` then writes one effect row through the
     fence.  Two rows for one job would be a double run."""
-    work_for(job, _seconds(job))
+    work_for(job, seconds_of(job))
     with job.fenced_writes() as writes:
         writes.execute(INSERT_EFFECT, {"job_id": job.id, "attempt": job.attempt,
                                        "key": job.idempotency_key, "worker": str(os.getpid())})
+

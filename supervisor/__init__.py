@@ -2,7 +2,7 @@
 
 The handler API::
 
-    from pgfence import handler, Job, LeaseLost
+    from pgfence import handler, Job, AsyncJob, LeaseLost
 
 The names are loaded on first use (PEP 562), so that ``pgfence run`` can set
 up Prometheus's multiprocess directory before any module imports
@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pgfence.asyncjob import AsyncJob
     from pgfence.errors import (
         ConfigError,
         DatabaseError,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     __version__: str
 
 _EXPORTS = {
+    "AsyncJob": "asyncjob",
     "ConfigError": "errors",
     "DatabaseError": "errors",
     "DatabaseUnavailable": "errors",
@@ -53,6 +55,7 @@ _EXPORTS = {
 
 # A literal list, so that type checkers read it as the package's exports.
 __all__ = [
+    "AsyncJob",
     "ConfigError",
     "DatabaseError",
     "DatabaseUnavailable",

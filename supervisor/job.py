@@ -22,6 +22,7 @@ from typing import Any, LiteralString
 
 import psycopg
 from psycopg.abc import Params, Query
+from psycopg_pool import ConnectionPool
 
 from pgfence.store import db
 from pgfence.observe import metrics
@@ -64,14 +65,13 @@ class RawJSON(str):
     __slots__ = ()
 
 
-class Job:
-    """One attempt of one job, as its handler sees it.
+class JobBase:
+    """One attempt of one job, as its handler sees it: what :class:`Job` and
+    :class:`~pgfence.AsyncJob` share.
 
     ``payload`` is given as a Python value, or as :class:`RawJSON` that is
     decoded on first read, so a handler that never reads it never pays for
-    the JSON.  ``conn`` is the connection of the worker that runs the job
-    (:meth:`fenced` writes on it); a Job built without one can be checked
-    but not completed.
+    the JSON.
     """
 
     id: int
@@ -81,7 +81,6 @@ class Job:
     lease: Lease
     max_attempts: int
     dedupe_key: str | None
-    conn: psycopg.Connection[Any] | None
     #: False only in the demo's unprotected mode: complete by id alone.
     fence: bool
     #: Set once the job's completion has been committed.
@@ -89,7 +88,7 @@ class Job:
 
     def __init__(self, id: int, kind: str, queue: str, attempt: int, payload: Any, lease: Lease,
                  max_attempts: int = 1, dedupe_key: str | None = None, *,
-                 conn: psycopg.Connection[Any] | None = None, fence: bool = True, completed: bool = False) -> None:
+                 fence: bool = True, completed: bool = False) -> None:
         self.id = id
         self.kind = kind
         self.queue = queue
@@ -98,7 +97,6 @@ class Job:
         self.lease = lease
         self.max_attempts = max_attempts
         self.dedupe_key = dedupe_key
-        self.conn = conn
         self.fence = fence
         self.completed = completed
 
@@ -114,7 +112,8 @@ class Job:
         self._payload = value
 
     def __repr__(self) -> str:
-        return (f"Job(id={self.id!r}, kind={self.kind!r}, queue={self.queue!r}, attempt={self.attempt!r}, "
+        return (f"{type(self).__name__}(id={self.id!r}, kind={self.kind!r}, queue={self.queue!r}, "
+                f"attempt={self.attempt!r}, "
                 f"max_attempts={self.max_attempts!r}, dedupe_key={self.dedupe_key!r}, "
                 f"completed={self.completed!r})")
 
@@ -146,6 +145,53 @@ class Job:
         if reason is not None:
             raise LeaseLost(self.id, self.attempt, reason)
 
+    def _rejected(self) -> None:
+        metrics.DOUBLE_RUN_PREVENTED.labels(self.queue, self.kind).inc()
+        self.lease.mark_lost("fence_rejected")
+
+    def _not_completed(self) -> None:
+        if self.completed:
+            raise RuntimeError(f"job {self.id} is already completed")
+
+    def _raising_completion(self) -> tuple[LiteralString, dict[str, int]]:
+        """The completion that raises PF001 when the fence refuses (or, in
+        the demo's unprotected mode, completes by id alone)."""
+        return jobs.raising_completion(self.id, self.attempt, fence=self.fence)
+
+
+class Job(JobBase):
+    """One attempt of one job, as an ordinary (``def``) handler sees it.
+
+    Its writes go on a connection of the worker that runs it: ``conn``, the
+    worker's own (a worker that runs one job at a time), or one borrowed from
+    ``pool`` for the length of each write (a worker that runs many at once).
+    A Job built with neither can be checked but not completed.
+    """
+
+    conn: psycopg.Connection[Any] | None
+    pool: ConnectionPool | None
+
+    def __init__(self, id: int, kind: str, queue: str, attempt: int, payload: Any, lease: Lease,
+                 max_attempts: int = 1, dedupe_key: str | None = None, *,
+                 conn: psycopg.Connection[Any] | None = None, pool: ConnectionPool | None = None,
+                 fence: bool = True, completed: bool = False) -> None:
+        super().__init__(id, kind, queue, attempt, payload, lease, max_attempts, dedupe_key, fence=fence,
+                         completed=completed)
+        self.conn = conn
+        self.pool = pool
+
+    @contextlib.contextmanager
+    def borrow(self) -> Iterator[psycopg.Connection[Any]]:
+        """The connection this job writes on, for one write: the worker's
+        own, or one of its pool's (given back at the end of the block)."""
+        if self.pool is not None:
+            with self.pool.connection() as conn:
+                yield conn
+            return
+        if self.conn is None:
+            raise RuntimeError("this job is not attached to a worker connection")
+        yield self.conn
+
     @contextlib.contextmanager
     def fenced(self, *, pipeline: bool = False) -> Iterator[psycopg.Connection[Any]]:
         """A transaction holding the handler's writes and the fenced completion.
@@ -166,27 +212,28 @@ class Job:
         ``conn.transaction()`` still works (a savepoint, with its own round
         trip).
         """
-        conn = self._open_connection()
-        if pipeline:
-            with self._pipelined() as pipelined:
-                yield pipelined
-            return
-        try:
-            with db.translated(), conn.transaction():
-                yield conn
-                self._complete_in_transaction()
-        except TransactionConflict as exc:
-            # Translated by db.translated(): a serialization failure means
-            # another transaction changed the job first (an isolation level
-            # above READ COMMITTED); a deadlock is an error like any other.
-            if not db.fence_refused(exc):
-                raise
-            self._rejected()
-            raise LeaseLost(self.id, self.attempt, "fence_rejected") from None
-        self.completed = True
+        self._not_completed()
+        with db.translated(), self.borrow() as conn:
+            if pipeline:
+                with self._pipelined(conn) as pipelined:
+                    yield pipelined
+                return
+            try:
+                with db.translated(), conn.transaction():
+                    yield conn
+                    self._complete_in_transaction(conn)
+            except TransactionConflict as exc:
+                # Translated by db.translated(): a serialization failure means
+                # another transaction changed the job first (an isolation level
+                # above READ COMMITTED); a deadlock is an error like any other.
+                if not db.fence_refused(exc):
+                    raise
+                self._rejected()
+                raise LeaseLost(self.id, self.attempt, "fence_rejected") from None
+            self.completed = True
 
     @contextlib.contextmanager
-    def _pipelined(self) -> Iterator[psycopg.Connection[Any]]:
+    def _pipelined(self, conn: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
         # One round trip: [BEGIN, the block, complete_or_raise, COMMIT] Sync.
         # The completion raises PF001 when the fence refuses this attempt;
         # the server then skips everything up to the Sync, COMMIT included,
@@ -195,8 +242,7 @@ class Job:
         # block's results; the raising completion makes that check
         # server-side.  Transaction() still guards the block: conn.commit()
         # inside it raises, and a nested transaction() is a savepoint.
-        conn = self._connection
-        with self._raising_fence(), conn.pipeline(), psycopg.Transaction(conn):
+        with self._raising_fence(conn), conn.pipeline(), psycopg.Transaction(conn):
             yield conn
             conn.execute(*self._raising_completion())
 
@@ -216,11 +262,11 @@ class Job:
         or a statement fails, nothing is kept, and :class:`LeaseLost` (or the
         error) is raised at the end of the block.
         """
-        conn = self._open_connection()
+        self._not_completed()
         writes = Writes()
         yield writes
         writes.execute(*self._raising_completion())
-        with self._raising_fence(), psycopg.ClientCursor(conn) as cursor:
+        with db.translated(), self.borrow() as conn, self._raising_fence(conn), psycopg.ClientCursor(conn) as cursor:
             # Each statement is checked to be exactly one, with no trailing
             # comment, quote or semicolon that could swallow the completion
             # or the COMMIT; the script is encoded as the connection encodes
@@ -230,9 +276,10 @@ class Job:
                           for query, params in writes.statements]
             script = ";\n".join(["BEGIN", *statements, "COMMIT"]).encode(conn.info.encoding)
             cursor.execute(script)
-            self._check_committed(cursor, len(statements))
+            self._check_committed(conn, cursor, len(statements))
 
-    def _check_committed(self, cursor: psycopg.ClientCursor[Any], statements: int) -> None:
+    def _check_committed(self, conn: psycopg.Connection[Any], cursor: psycopg.ClientCursor[Any],
+                         statements: int) -> None:
         """After a one-message block: every statement answered, the last a
         COMMIT, the completion returned its row, and the connection out of
         any transaction.  Anything else means the completion did not commit
@@ -240,7 +287,7 @@ class Job:
         answers = [(cursor.statusmessage, cursor.rowcount)]
         while cursor.nextset():
             answers.append((cursor.statusmessage, cursor.rowcount))
-        status = self._connection.info.transaction_status
+        status = conn.info.transaction_status
         expected = statements + 2   # BEGIN, the statements (completion included), COMMIT
         if (status != psycopg.pq.TransactionStatus.IDLE or len(answers) != expected
                 or answers[-1][0] != "COMMIT" or answers[-2][1] != 1):
@@ -248,13 +295,8 @@ class Job:
                                f"({len(answers)} of {expected} statements answered, last "
                                f"{answers[-1][0]!r}, connection {status.name}); its writes were rolled back")
 
-    def _raising_completion(self) -> tuple[LiteralString, dict[str, int]]:
-        """The completion that raises PF001 when the fence refuses (or, in
-        the demo's unprotected mode, completes by id alone)."""
-        return jobs.raising_completion(self.id, self.attempt, fence=self.fence)
-
     @contextlib.contextmanager
-    def _raising_fence(self) -> Iterator[None]:
+    def _raising_fence(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
         """Around a block sent in one round trip with the raising
         completion: a refusal becomes LeaseLost, any error ends the aborted
         transaction, success marks the job completed."""
@@ -263,21 +305,20 @@ class Job:
                 yield
         except BaseException as exc:
             rejected = db.fence_refused(exc)
-            self._roll_back()
+            self._roll_back(conn)
             if not rejected and db.pipeline_aborted(exc):
                 # The aborting error was read elsewhere (timing decides where
                 # psycopg reads a pipeline's results): ask the fence itself.
-                rejected = self._lost_ownership()
+                rejected = self._lost_ownership(conn)
             if rejected:
                 self._rejected()
                 raise LeaseLost(self.id, self.attempt, "fence_rejected") from None
             raise
         self.completed = True
 
-    def _lost_ownership(self) -> bool:
+    def _lost_ownership(self, conn: psycopg.Connection[Any]) -> bool:
         """True if this attempt is known to no longer own the job; False if
         it still does, or if the connection cannot tell."""
-        conn = self._connection
         if conn.closed:
             return False
         try:
@@ -286,25 +327,10 @@ class Job:
         except Exception:  # noqa: BLE001 - the original error is raised instead
             return False
 
-    @property
-    def _connection(self) -> psycopg.Connection[Any]:
-        """The worker's connection; a Job built without one cannot write."""
-        if self.conn is None:
-            raise RuntimeError("this job is not attached to a worker connection")
-        return self.conn
-
-    def _open_connection(self) -> psycopg.Connection[Any]:
-        """The worker's connection, for a job not yet completed."""
-        conn = self._connection
-        if self.completed:
-            raise RuntimeError(f"job {self.id} is already completed")
-        return conn
-
-    def _roll_back(self) -> None:
+    def _roll_back(self, conn: psycopg.Connection[Any]) -> None:
         """After an error in a block sent in one round trip (pipelined or
         fenced_writes) the server holds an aborted transaction (its COMMIT
         was skipped): end it, if the connection still stands."""
-        conn = self._connection
         if conn.closed or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             return
         try:
@@ -314,17 +340,12 @@ class Job:
             # worker opens a new connection on its next database error.
             conn.close()
 
-    def _complete_in_transaction(self) -> None:
-        conn = self._connection
+    def _complete_in_transaction(self, conn: psycopg.Connection[Any]) -> None:
         done = jobs.complete(conn, self.id, self.attempt) if self.fence else jobs.complete_unfenced(conn, self.id)
         if not done:
             self._rejected()
             # Raising inside the transaction block rolls the handler's writes back.
             raise LeaseLost(self.id, self.attempt, "fence_rejected")
-
-    def _rejected(self) -> None:
-        metrics.DOUBLE_RUN_PREVENTED.labels(self.queue, self.kind).inc()
-        self.lease.mark_lost("fence_rejected")
 
 
 class Writes:

@@ -6,9 +6,10 @@ default (``pgfence.handlers`` holds examples, loaded only when named).  Importin
 registers its handlers as a side effect of the decorators.  Like celery and
 gunicorn, :func:`load` imports from the current directory too.
 
-Handlers run synchronously: an ``async def`` handler is refused when it is
-registered, since the worker would call it, get a coroutine that never runs,
-and complete the job.
+A handler is a ``def`` function (run on one of the worker's threads, given a
+:class:`~pgfence.Job`) or an ``async def`` function (run on the worker's
+event loop, given an :class:`~pgfence.AsyncJob`).  An async generator
+function is refused when it is registered: calling it runs nothing.
 """
 
 from __future__ import annotations
@@ -28,11 +29,15 @@ from pgfence.errors import ConfigError, HandlerImportError, UnknownHandler
 if TYPE_CHECKING:
     # Only for annotations: importing pgfence.job at run time would import
     # prometheus_client before `pgfence run` sets up its multiprocess folder.
+    from collections.abc import Awaitable
+
+    from pgfence.asyncjob import AsyncJob
     from pgfence.job import Job
 
-#: A handler: called with the Job, its return value ignored.  ``@handler``
-#: returns the function it is given, so the decorated name keeps its type.
-H = TypeVar("H", bound="Callable[[Job], object]")
+#: A handler: called with the Job (an AsyncJob for an ``async def``
+#: handler), its return value ignored.  ``@handler`` returns the function it
+#: is given, so the decorated name keeps its type.
+H = TypeVar("H", bound="Callable[[Job], object] | Callable[[AsyncJob], Awaitable[object]]")
 
 @dataclass(frozen=True)
 class HandlerSpec:
@@ -44,12 +49,14 @@ class HandlerSpec:
     """
 
     kind: str
-    func: Callable[[Job], object]
+    func: Callable[..., object]
     queue: str | None = None
     lease: float | None = None
     timeout: float | None = None
     max_attempts: int | None = None
     max_reclaims: int | None = None
+    #: An ``async def`` handler: run on the worker's event loop.
+    is_async: bool = False
 
 
 _REGISTRY: dict[str, HandlerSpec] = {}
@@ -83,10 +90,11 @@ def handler(
         raise ConfigError(f"handler {kind!r}: max_reclaims must be 0 or more, got {max_reclaims}")
 
     def register(func: H) -> H:
-        if is_async(func):
-            raise ConfigError(f"handler {kind!r} ({_name_of(func)}) is asynchronous; pgfence runs handlers "
-                              "synchronously and would never await it: define it with def, not async def")
-        _REGISTRY[kind] = HandlerSpec(kind, func, queue, lease, timeout, max_attempts, max_reclaims)
+        if is_async_generator(func):
+            raise ConfigError(f"handler {kind!r} ({_name_of(func)}) is an async generator; calling it runs "
+                              "nothing: define it with async def and no yield, or with def")
+        _REGISTRY[kind] = HandlerSpec(kind, func, queue, lease, timeout, max_attempts, max_reclaims,
+                                      is_async=is_async(func))
         return func
 
     return register
@@ -109,6 +117,24 @@ def is_async(func: Callable[..., object]) -> bool:
     # An instance: what runs is its class's __call__.
     call = type(func).__call__
     return inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
+
+
+def is_async_generator(func: Callable[..., object]) -> bool:
+    """Whether ``func`` (or the function a partial wraps, or an instance's
+    ``__call__``) is an async generator function."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    if inspect.isasyncgenfunction(func):
+        return True
+    if inspect.isfunction(func) or inspect.ismethod(func) or inspect.isclass(func) or inspect.isbuiltin(func):
+        return False
+    return inspect.isasyncgenfunction(type(func).__call__)
+
+
+def has_async() -> bool:
+    """Whether any registered handler is ``async def``: a worker then runs
+    an event loop."""
+    return any(spec.is_async for spec in _REGISTRY.values())
 
 
 def _name_of(func: Callable[..., object]) -> str:

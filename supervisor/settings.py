@@ -215,6 +215,12 @@ def _shown(convert: Converter, default: Any) -> str:
 
 
 
+#: Upper bounds of a worker's concurrency: a typo (an extra zero) is refused
+#: at start instead of opening thousands of threads.
+THREADS_MAX = 1000
+ASYNC_CONCURRENCY_MAX = 10_000
+
+
 @dataclass(frozen=True)
 class Settings:
     queues: tuple[str, ...] = setting(
@@ -227,7 +233,24 @@ class Settings:
             "it has passed; set, it must be shorter than the lease and at most half of every handler's "
             "`lease` (else `run`/`work` refuse to start)",
         shown="a third of each lease")
-    batch: int = setting(1, whole, "jobs claimed per claim statement")
+    batch: int | None = setting(
+        None, optional(whole), "most jobs claimed per claim statement",
+        doc="most jobs claimed per claim statement. Unset, a worker claims as many as it has free slots "
+            "(`threads`, plus `async_concurrency` when async handlers are loaded), so no claimed job waits in "
+            "one worker's hand while another could run it; set above that for a worker that runs one job at "
+            "a time, its claims take that many and run them in turn, completing those that wrote nothing in "
+            "one statement (for very short jobs)",
+        shown="the worker's free slots")
+    threads: int = setting(
+        1, whole, "jobs of ordinary (def) handlers each worker runs at once, one thread each",
+        doc="jobs of ordinary (`def`) handlers each worker runs at once, one thread each; every job in flight "
+            "has its own lease and, when it writes, its own connection from the worker's pool (at most this "
+            "many). See \"Running workers\"")
+    async_concurrency: int = setting(
+        100, whole, "jobs of async def handlers each worker runs at once on its event loop",
+        doc="jobs of `async def` handlers each worker runs at once on its one event loop (started only when a "
+            "handler module defines an async handler); their `fenced()` blocks share at most "
+            "10 connections per worker. See \"Running workers\"")
     poll_interval: float = setting(
         5.0, duration, "longest idle sleep without a NOTIFY",
         doc="longest idle sleep; an enqueue wakes idle workers at once through NOTIFY, and a worker wakes by "
@@ -331,10 +354,16 @@ class Settings:
                                      <= IDLE_IN_TRANSACTION_MAX):
             raise ConfigError(f"invalid idle-in-transaction-timeout: must be {IDLE_IN_TRANSACTION_MIN:g}s to "
                               f"{IDLE_IN_TRANSACTION_MAX:g}s, or none, got {idle!r}")
-        for name in ("batch", "workers"):
+        for name in ("batch", "workers", "threads", "async_concurrency"):
             value = getattr(self, name)
+            if name == "batch" and value is None:
+                continue
             if not (isinstance(value, int) and value >= 1):
                 raise ConfigError(f"invalid {name}: must be a whole number of at least 1, got {value!r}")
+        for name, most in (("threads", THREADS_MAX), ("async_concurrency", ASYNC_CONCURRENCY_MAX)):
+            if getattr(self, name) > most:
+                raise ConfigError(f"invalid {name.replace('_', '-')}: at most {most} per worker, got "
+                                  f"{getattr(self, name)}")
         for name in ("max_jobs_per_child", "max_memory_per_child"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and value >= 1):
@@ -357,6 +386,16 @@ class Settings:
     def idle_in_transaction_ms(self) -> str:
         """``idle_in_transaction_timeout`` as PostgreSQL takes it ('0': off)."""
         return idle_in_transaction_ms(self.idle_in_transaction_timeout)
+
+    def capacity(self, with_async: bool) -> int:
+        """Jobs one worker runs at once: its threads, plus its event loop's
+        ``async_concurrency`` when async handlers are loaded."""
+        return self.threads + (self.async_concurrency if with_async else 0)
+
+    def claim_size(self, with_async: bool) -> int:
+        """The most jobs one claim statement takes: ``batch`` if set, else
+        the worker's capacity."""
+        return self.batch if self.batch is not None else self.capacity(with_async)
 
     @property
     def heartbeat_interval(self) -> float:

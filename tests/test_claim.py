@@ -17,9 +17,10 @@ from pgfence.worker.loop import Worker
 
 
 def claim_params(worker: str = "sql", *, queues=("default",), batch: int = 1, lease: float = 30.0,
-                 lease_kinds=(), lease_secs=(), reclaim: bool = True) -> dict:
+                 lease_kinds=(), lease_secs=(), reclaim: bool = True, kinds=None) -> dict:
     return {"queues": list(queues), "batch": batch, "worker": worker, "lease": lease,
-            "lease_kinds": list(lease_kinds), "lease_secs": list(lease_secs), "reclaim": reclaim}
+            "lease_kinds": list(lease_kinds), "lease_secs": list(lease_secs), "reclaim": reclaim,
+            "kinds": None if kinds is None else list(kinds)}
 
 
 def clock(conn: psycopg.Connection) -> dt.datetime:

@@ -156,7 +156,7 @@ def terminate(conn, app: str) -> None:
 def claim(conn, worker: str, *, queue: str = "default", lease: float = 30.0) -> list[tuple[int, int, str]]:
     """The real claim query: (id, attempt, prev_status) per claimed job."""
     rows = conn.execute(q("claim"), {"queues": [queue], "batch": 1, "worker": worker, "lease": lease,
-                                     "lease_kinds": [], "lease_secs": [], "reclaim": True}).fetchall()
+                                     "lease_kinds": [], "lease_secs": [], "reclaim": True, "kinds": None}).fetchall()
     return [(r[0], r[5], r[14]) for r in rows]
 
 
@@ -576,7 +576,7 @@ def test_a_pipeline_aborted_without_its_cause_is_told_apart_by_the_fence(dsn, co
     with psycopg.connect(dsn, autocommit=True) as c:
         owned = claimed_job(conn, c, queue, kind)
         with pytest.raises(PgfenceError, match="pipeline aborted") as raised:
-            with owned._raising_fence():
+            with owned._raising_fence(c):
                 raise psycopg.errors.PipelineAborted("pipeline aborted")
         assert not isinstance(raised.value, LeaseLost)
         assert (owned.completed, owned.lease.lost_reason) == (False, None)
@@ -585,7 +585,7 @@ def test_a_pipeline_aborted_without_its_cause_is_told_apart_by_the_fence(dsn, co
         expire(conn, stale.id)
         assert claim(conn, "reclaimer", queue=queue) == [(stale.id, 2, "running")]
         with pytest.raises(LeaseLost) as lost:
-            with stale._raising_fence():
+            with stale._raising_fence(c):
                 raise psycopg.errors.PipelineAborted("pipeline aborted")
         assert (lost.value.job_id, lost.value.attempt, lost.value.reason) == (stale.id, 1, "fence_rejected")
         assert (stale.completed, stale.lease.lost_reason) == (False, "fence_rejected")

@@ -139,10 +139,10 @@ def test_a_block_whose_commit_did_not_run_is_rolled_back_and_raises(dsn, conn):
         job = claimed_job(conn, c, "fw-net")
         with pytest.raises(NotCommitted, match=r"did not commit \(3 of 4 statements answered, last 'SELECT 1', "
                                                r"connection INTRANS\)"):
-            with job._raising_fence(), psycopg.ClientCursor(c) as cursor:
+            with job._raising_fence(c), psycopg.ClientCursor(c) as cursor:
                 cursor.execute("BEGIN; INSERT INTO fw_rows VALUES (%s, 'lost'); "
                                "SELECT pgfence.complete_fenced(%s, 1) -- ; COMMIT" % (job.id, job.id))
-                job._check_committed(cursor, 2)
+                job._check_committed(c, cursor, 2)
         assert isinstance(NotCommitted("x"), PgfenceError)
         assert c.info.transaction_status == IDLE
     assert not job.completed

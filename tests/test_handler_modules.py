@@ -1,4 +1,4 @@
-"""Loading handler modules: async handlers refused, handlers whose queue no
+"""Loading handler modules: async generators refused, handlers whose queue no
 worker serves, and modules imported from the current directory."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pgtools import ROOT, env_for, job_row, pgfence, scalar, spawn, wait_for
 from pgfence import ConfigError, enqueue, handler, registry
 from pgfence.worker.loop import FAILED
 
-ASYNC_REFUSED = ("pgfence: error: handler 't_async' (amod.coro) is asynchronous; pgfence runs handlers "
-                 "synchronously and would never await it: define it with def, not async def\n")
+ASYNC_REFUSED = ("pgfence: error: handler 't_async' (amod.agen) is an async generator; calling it runs nothing: "
+                 "define it with async def and no yield, or with def\n")
 
 
 def env_with(dsn: str, folder: Path, **extra: str) -> dict[str, str]:
@@ -93,25 +93,29 @@ def test_is_async_recognises_what_would_never_run(func, expected):
     assert registry.is_async(func) is expected
 
 
-def test_registering_an_async_handler_is_refused_with_one_line():
-    for func, name in [(_coro, "_coro"), (functools.partial(_coro), "_coro"), (_AsyncCall(), "_AsyncCall")]:
+def test_async_handlers_are_registered_as_async_and_async_generators_refused_with_one_line():
+    for func in (_coro, functools.partial(_coro), _AsyncCall()):
+        assert handler("t_async_ok")(func) is func
+        assert registry.get("t_async_ok").is_async is True
+    for func in (_agen, functools.partial(_agen)):
         with pytest.raises(ConfigError) as info:
             handler("t_refused")(func)
         assert str(info.value) == (
-            f"handler 't_refused' ({__name__}.{name}) is asynchronous; pgfence runs handlers synchronously "
-            "and would never await it: define it with def, not async def")
+            f"handler 't_refused' ({__name__}._agen) is an async generator; calling it runs nothing: define it "
+            "with async def and no yield, or with def")
         assert registry.find("t_refused") is None
     assert handler("t_accepted")(_sync_wrapper_of_async) is _sync_wrapper_of_async
     assert registry.get("t_accepted").func is _sync_wrapper_of_async
+    assert registry.get("t_accepted").is_async is False
 
 
-def test_an_async_handler_module_stops_run_and_work_with_one_line(dsn, conn, tmp_path):
+def test_an_async_generator_handler_module_stops_run_and_work_with_one_line(dsn, conn, tmp_path):
     (tmp_path / "amod.py").write_text(textwrap.dedent("""
         from pgfence import handler
 
         @handler("t_async")
-        async def coro(job):
-            pass
+        async def agen(job):
+            yield job
     """))
     env = env_with(dsn, tmp_path)
     procs = [spawn("run", "--handlers", "amod", env=env), spawn("work", "--burst", "--handlers", "amod", env=env),
@@ -140,7 +144,7 @@ def test_a_handler_that_returns_an_awaitable_fails_its_job_instead_of_completing
     row = job_row(conn, job_id)
     assert (row["status"], row["attempt"], row["last_error"]) == (
         "failed", 1, "handler returned an awaitable (coroutine) instead of running: "
-                     "pgfence runs handlers synchronously")
+                     "a def handler runs on a thread and nothing awaits what it returns; make it async def")
     assert row["finished_at"] is not None
     assert worker.stats.outcomes == {FAILED: 1}
     assert ran == []

@@ -60,7 +60,8 @@ def test_each_command_takes_exactly_its_declared_settings_as_flags(command):
 
 
 def test_every_setting_is_read_from_its_environment_variable_flag_and_toml_key(tmp_path):
-    values = {"queues": ("a", "b"), "lease": 20.0, "heartbeat": 5.0, "batch": 3, "poll_interval": 2.0,
+    values = {"queues": ("a", "b"), "lease": 20.0, "heartbeat": 5.0, "batch": 3, "threads": 4, "async_concurrency": 50,
+              "poll_interval": 2.0,
               "timeout": 60.0, "backoff_base": 2.0, "backoff_max": 120.0, "unknown_kind_delay": 10.0,
               "unknown_kind_timeout": 600.0, "retention": 86400.0, "prune_interval": 30.0,
               "handlers": ("x.jobs", "y"), "workers": 5, "graceful_timeout": 12.0,
@@ -213,5 +214,5 @@ def test_example_handlers_import_only_the_public_api():
                                                  or n.startswith("pgfence.handlers.")))
            for name, names in found.items()}
     assert {name: names for name, names in bad.items() if names} == {}
-    assert found["builtin.py"] == {"pgfence:Job", "pgfence:PayloadRejected", "pgfence:handler",
+    assert found["builtin.py"] == {"pgfence:AsyncJob", "pgfence:Job", "pgfence:PayloadRejected", "pgfence:handler",
                                    "pgfence.handlers.tables:INSERT_EFFECT"}

@@ -17,7 +17,9 @@
 -- queued jobs alone, so running jobs cost the claim nothing; running jobs
 -- are read, for expired leases, only when the worker asks (%(reclaim)s,
 -- about once a second): with it false PostgreSQL skips that scan.  Each
--- queue's heads are then merged.
+-- queue's heads are then merged.  %(kinds)s, when not NULL, limits the
+-- claim to those kinds: a worker whose threads are all busy while its event
+-- loop has room claims only async kinds, and the other way round.
 WITH candidates AS (
     SELECT c.*
       FROM unnest(%(queues)s::text[]) AS wanted(queue)
@@ -27,6 +29,7 @@ WITH candidates AS (
                    reclaims AS new_reclaims, max_reclaims, priority, run_at
               FROM pgfence.jobs
              WHERE queue = wanted.queue AND status = 'queued' AND run_at <= now()
+               AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
              ORDER BY priority DESC, run_at, id
              LIMIT %(batch)s
                FOR UPDATE SKIP LOCKED) AS queued
@@ -37,6 +40,7 @@ WITH candidates AS (
               FROM pgfence.jobs
              WHERE %(reclaim)s::boolean
                AND queue = wanted.queue AND status = 'running' AND lease_until < now()
+               AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
              ORDER BY priority DESC, run_at, id
              LIMIT %(batch)s
                FOR UPDATE SKIP LOCKED) AS expired

@@ -307,7 +307,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_work(args: argparse.Namespace) -> int:
-    from pgfence.worker.loop import Worker
+    from pgfence.worker.concurrent import make_worker
 
     settings = _worker_command_settings(args)
     if args.unprotected:
@@ -317,7 +317,7 @@ def cmd_work(args: argparse.Namespace) -> int:
     dsn, conn = _connect(args)
     with conn:
         _register_kinds(conn)
-    worker = Worker(dsn, settings, name=args.name)
+    worker = make_worker(dsn, settings, name=args.name)
 
     def on_signal(signum: int, _frame: object) -> None:
         # Record only; the loop stops claiming and finishes the running job.

@@ -58,6 +58,21 @@ QUEUE_JOBS = Gauge("pgfence_queue_jobs", "Jobs by queue and status, refreshed at
 QUEUE_OLDEST_AGE = Gauge("pgfence_queue_oldest_job_age_seconds",
                          "Age of the oldest queued job whose run_at has come (0 if none).",
                          ["queue"], multiprocess_mode="livemax")
+JOBS_IN_FLIGHT = Gauge("pgfence_jobs_in_flight", "Jobs the workers hold and run now, by queue.", ["queue"],
+                       multiprocess_mode="livesum")
+WORKER_CAPACITY = Gauge("pgfence_worker_capacity",
+                        "Jobs the workers can run at once (threads, plus async_concurrency with async handlers).",
+                        multiprocess_mode="livesum")
+WORKER_FREE_SLOTS = Gauge("pgfence_worker_free_slots", "Capacity minus the jobs in flight.",
+                          multiprocess_mode="livesum")
+CHILDREN_RECYCLED = Counter("pgfence_children_recycled",
+                            "Worker children that replaced themselves (not crashes), by reason.", ["reason"])
+EVENT_LOOP_BLOCKED = Counter("pgfence_event_loop_blocked",
+                             "Times a worker's event loop did not turn for over a second, by the kind running.",
+                             ["kind"])
+
+#: Why a child replaced itself, as used in the ``reason`` label.
+RECYCLE_REASONS = ("max_jobs", "max_memory", "timeout", "lost_lease")
 
 #: The reasons a lease is lost, as used in the ``reason`` label.
 LOST_REASONS = ("renewal_rejected", "renewal_failed", "expired", "timeout", "cancelled", "fence_rejected")
@@ -78,6 +93,8 @@ def initialise(queues: list[str] | tuple[str, ...], kinds: list[str]) -> None:
             for reason in LOST_REASONS:
                 LEASE_LOST.labels(queue, kind, reason)
     WORKER_RESTARTS.inc(0)
+    for reason in RECYCLE_REASONS:
+        CHILDREN_RECYCLED.labels(reason)
 
 
 @functools.cache

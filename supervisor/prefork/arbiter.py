@@ -183,7 +183,11 @@ class Arbiter:
         self.tick_interval = max(0.02, min(0.25, settings.heartbeat_interval / 4))
         # A child that has not ticked for this long gets no renewals.
         self.liveness = max(1.0, 4 * self.tick_interval)
-        self.table = SlotTable(nslots=max(256, 4 * settings.workers), njobs=max(16, settings.batch))
+        # Every job a child may hold at once has an entry: a claim takes no
+        # more than the child's free slots, or its batch.
+        with_async = registry.has_async()
+        self.table = SlotTable(nslots=max(256, 4 * settings.workers),
+                               njobs=max(16, settings.capacity(with_async), settings.claim_size(with_async)))
 
     # -- signals -----------------------------------------------------------------
 
@@ -265,7 +269,18 @@ class Arbiter:
             settings = self.reload_settings()
             registry.load(settings.handlers)
             validate_heartbeat(settings.heartbeat, registry.specs())
-            self.settings = settings.replace(batch=min(settings.batch, self.table.njobs))
+            # The table was sized at start: a reload cannot grow what a
+            # child may hold beyond it.
+            njobs = self.table.njobs
+            with_async = registry.has_async()
+            if settings.claim_size(with_async) > njobs or settings.capacity(with_async) > njobs:
+                log.warning("reload: batch, threads and async-concurrency are capped at %d jobs per worker, the "
+                            "size set at start; restart pgfence to raise them", njobs)
+                threads = min(settings.threads, njobs)
+                settings = settings.replace(
+                    batch=None if settings.batch is None else min(settings.batch, njobs), threads=threads,
+                    async_concurrency=max(1, min(settings.async_concurrency, njobs - threads)))
+            self.settings = settings
             self.target = settings.workers
         # The re-imported modules are the new children's shared pages.
         freeze_heap()
@@ -475,6 +490,11 @@ class Arbiter:
         (monotonic; ``inf`` if none)."""
         now = time.monotonic()
         grace = self.settings.lost_lease_kill_after
+        if self.settings.capacity(registry.has_async()) > 1:
+            # A child that runs many jobs gives up a stuck one itself, at the
+            # grace period, and drains its others before it exits: it is
+            # killed only if it has not done so a graceful timeout later.
+            grace += self.settings.graceful_timeout
         next_kill = float("inf")
         for c in list(self.children.values()):
             if self._stopping and now >= self._drain_deadline:

@@ -22,7 +22,7 @@ import sys
 import threading
 
 from pgfence.prefork import proctitle
-from pgfence.job import Job
+from pgfence.job import Job, JobBase
 from pgfence.worker.lease import Lease
 from pgfence.settings import Settings
 from pgfence.prefork.slots import SlotTable
@@ -170,25 +170,34 @@ def main(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
 
 def _run(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
          tick_interval: float, instance: str) -> int:
-    from pgfence.worker.loop import PUT_BACK, Worker
+    from pgfence.observe import metrics
+    from pgfence.worker.concurrent import ConcurrentWorker, make_worker
 
     parent = os.getppid()
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    proctitle.set(f"pgfence worker {number} idle")
+    proctitle.set(proctitle.worker(number, None))
 
     leases = SlotLeases(table, slot, tick_interval)
 
     def title(job: Job | None) -> None:
-        if job is None:
-            proctitle.set(f"pgfence worker {number} idle")
-        else:
-            proctitle.set(f"pgfence worker {number} {job.kind} job {job.id} attempt {job.attempt}")
+        proctitle.set(proctitle.worker(number, None if job is None else (job.kind, job.id, job.attempt)))
 
-    worker = Worker(dsn, settings, name=worker_name(os.getpid(), number, instance),
-                    heartbeat=leases, on_job=title)
+    last: list[tuple[str, int, int] | None] = [None]
+
+    def titles(busy: int, capacity: int, job: JobBase | None) -> None:
+        if job is not None:
+            last[0] = (job.kind, job.id, job.attempt)
+        elif not busy:
+            last[0] = None
+        proctitle.set(proctitle.worker(number, last[0], busy=busy, capacity=capacity))
+
+    worker = make_worker(dsn, settings, name=worker_name(os.getpid(), number, instance),
+                         heartbeat=leases, on_job=title, on_title=titles, recycle=True)
+    if isinstance(worker, ConcurrentWorker):
+        titles(0, worker.capacity, None)
     # Signal handlers only record: the loop stops claiming and the running
     # job finishes first.
     signal.signal(signal.SIGTERM, lambda *_: worker.request_stop())
@@ -217,11 +226,18 @@ def _run(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
 
     stats = worker.run(max_jobs=limit, enough=too_big)
     leases.stop()
-    if worker.stopping:
+    reason = getattr(worker, "recycle_reason", None)
+    if worker.stopping and reason is None:
         return 0
-    # run() returned without being asked to stop: a limit was reached, and
-    # the worker, closed, holds no job.
-    ran = sum(n for outcome, n in stats.outcomes.items() if outcome != PUT_BACK)
+    # run() returned without being asked to stop: a limit was reached, or a
+    # handler outlived its lease, and the worker holds no job it could end.
+    ran = stats.ran()
+    if reason in ("timeout", "lost_lease"):
+        metrics.CHILDREN_RECYCLED.labels(reason).inc()
+        log.warning("worker %d recycled after %d jobs: a handler outlived its lease (%s) and was given up",
+                    number, ran, reason)
+        return RECYCLED
+    metrics.CHILDREN_RECYCLED.labels("max_memory" if grown else "max_jobs").inc()
     if grown:
         log.info("worker %d recycled after %d jobs: resident memory %.0f MiB above max-memory-per-child %d MiB",
                  number, ran, grown[-1], max_memory)

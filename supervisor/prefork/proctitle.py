@@ -16,6 +16,24 @@ def set(title: str) -> None:  # noqa: A001 - mirrors setproctitle's verb
     _spt.setproctitle(title)
 
 
+def worker(number: int, job: tuple[str, int, int] | None, *, busy: int | None = None,
+           capacity: int = 1) -> str:
+    """A worker child's title: ``pgfence worker 3 send_receipt job 42
+    attempt 1`` (or ``idle``) for one that runs one job at a time; for one
+    that runs many, with its jobs in flight and its capacity first:
+    ``pgfence worker 3 [5/32 jobs] send_receipt job 42 attempt 1``, naming
+    the job started last.  ``job`` is (kind, id, attempt): never a payload.
+    The kind is shown printable and cut at 60 characters."""
+    head = f"pgfence worker {number}"
+    if capacity > 1:
+        head += f" [{busy or 0}/{capacity} jobs]"
+    if job is None:
+        return f"{head} idle" if not busy else head
+    kind, job_id, attempt = job
+    shown = "".join(c if c.isprintable() else "?" for c in kind)[:60]
+    return f"{head} {shown} job {job_id} attempt {attempt}"
+
+
 _PR_SET_PDEATHSIG = 1
 
 

@@ -61,13 +61,16 @@ def _claim_order(row: Claimed) -> tuple[int, datetime.datetime, int]:
 
 
 def claim(conn: psycopg.Connection, *, queues: Sequence[str], batch: int, worker: str, lease: float,
-          lease_kinds: list[str], lease_secs: list[float], reclaim: bool) -> list[Claimed]:
+          lease_kinds: list[str], lease_secs: list[float], reclaim: bool,
+          kinds: list[str] | None = None) -> list[Claimed]:
     """Claim up to ``batch`` jobs of ``queues`` for ``worker``, in claim order
     (priority DESC, run_at, id).  ``lease_kinds``/``lease_secs`` give the
     lease of the kinds that have their own; ``reclaim`` also takes running
-    jobs whose lease ran out."""
+    jobs whose lease ran out; ``kinds`` (None: any kind) limits the claim
+    to those kinds."""
     params = {"queues": list(queues), "batch": batch, "worker": worker, "lease": lease,
-              "lease_kinds": lease_kinds, "lease_secs": lease_secs, "reclaim": reclaim}
+              "lease_kinds": lease_kinds, "lease_secs": lease_secs, "reclaim": reclaim,
+              "kinds": kinds}
     make = Claimed._make
     rows = [make(row) for row in conn.execute(q("claim"), params).fetchall()]
     # UPDATE ... RETURNING has no guaranteed order: the batch runs in the
@@ -80,6 +83,19 @@ def complete(conn: psycopg.Connection, job_id: int, attempt: int) -> bool:
     """Fenced completion, in the caller's transaction; False when this
     attempt no longer owns the job (the caller must roll back)."""
     return conn.execute(q("complete"), {"id": job_id, "attempt": attempt}).fetchone() is not None
+
+
+async def complete_async(conn: psycopg.AsyncConnection, job_id: int, attempt: int) -> bool:
+    """:func:`complete` on an async connection (an async handler's
+    ``fenced()`` block), in the caller's transaction."""
+    cursor = await conn.execute(q("complete"), {"id": job_id, "attempt": attempt})
+    return await cursor.fetchone() is not None
+
+
+async def complete_unfenced_async(conn: psycopg.AsyncConnection, job_id: int) -> bool:
+    """:func:`complete_unfenced` on an async connection."""
+    cursor = await conn.execute(q("complete_unfenced"), {"id": job_id})
+    return await cursor.fetchone() is not None
 
 
 def complete_unfenced(conn: psycopg.Connection, job_id: int) -> bool:

@@ -9,17 +9,19 @@ own.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import psycopg
+from psycopg_pool import ConnectionPool
 
 from pgfence.store import db, renewals
 from pgfence.store import jobs as store
@@ -30,7 +32,7 @@ from pgfence.worker import retention
 from pgfence.errors import (DatabaseError, DatabaseUnavailable, LeaseLost, PayloadRejected, PgfenceError,
                      TransactionConflict)
 from pgfence.renewal.renewer import HeartbeatManager, validate_heartbeat
-from pgfence.job import Job, RawJSON
+from pgfence.job import Job, JobBase, RawJSON
 from pgfence.worker.lease import Lease
 from pgfence.settings import Settings
 from pgfence.backoff import Backoff
@@ -67,9 +69,17 @@ class Stats:
     claimed: int = 0
     reclaimed: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, outcome: str) -> None:
-        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        # Jobs end on many threads at once in a worker that runs many.
+        with self._lock:
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+    def ran(self) -> int:
+        """Jobs that ran (put-backs ran nothing)."""
+        with self._lock:
+            return sum(n for outcome, n in self.outcomes.items() if outcome != PUT_BACK)
 
 
 
@@ -117,6 +127,9 @@ class Worker:
                 timeout_grace=settings.lost_lease_kill_after, prepare=settings.prepare, backoff=self.retry_backoff,
                 idle_in_transaction_timeout=settings.idle_in_transaction_timeout)
         self._last_prune = time.monotonic()
+        #: The thread that claims: the only one that uses (and may drop) the
+        #: worker's own connection when jobs run on other threads.
+        self._owner = threading.current_thread()
         #: When the next claim also looks for expired leases (monotonic).
         self._next_reclaim_scan = 0.0
         #: Handler run times of the batch in hand, observed at its end.
@@ -125,7 +138,10 @@ class Worker:
         self._unknown_logged: set[str] = set()
         #: Jobs whose lease was lost to an outage and whose release the
         #: database did not answer: released (fenced) at the next round.
-        self._unreleased: list[Job] = []
+        self._unreleased: list[JobBase] = []
+        #: The pool jobs write on in a worker that runs many at once (None:
+        #: they write on the worker's own connection).
+        self.pool: ConnectionPool | None = None
 
     # -- connection -----------------------------------------------------------
 
@@ -173,9 +189,10 @@ class Worker:
 
     # -- claim ----------------------------------------------------------------
 
-    def claim(self, batch: int | None = None) -> list[Job]:
-        """Claim up to ``batch`` jobs; return those to run (a reclaim past its
-        budget comes back failed and is not returned)."""
+    def claim(self, batch: int | None = None, kinds: list[str] | None = None) -> list[Job]:
+        """Claim up to ``batch`` jobs (of ``kinds``, if given); return those
+        to run (a reclaim past its budget comes back failed and is not
+        returned)."""
         specs = registry.specs()
         lease_kinds = [s.kind for s in specs if s.lease is not None]
         lease_secs = [float(s.lease) for s in specs if s.lease is not None]
@@ -186,9 +203,10 @@ class Worker:
         if reclaim:
             self._next_reclaim_scan = sent_at + min(RECLAIM_SCAN_INTERVAL, self.settings.lease / 10)
         with db.translated(self.dsn):
-            rows = store.claim(self.conn, queues=self.settings.queues, batch=batch or self.settings.batch,
+            rows = store.claim(self.conn, queues=self.settings.queues,
+                               batch=batch or self.settings.claim_size(with_async=False),
                                worker=self.name, lease=float(self.settings.lease), lease_kinds=lease_kinds,
-                               lease_secs=lease_secs, reclaim=reclaim)
+                               lease_secs=lease_secs, reclaim=reclaim, kinds=kinds)
         jobs = []
         claimed: dict[tuple[str, str], int] = {}
         waits: dict[tuple[str, str], list[float]] = {}
@@ -217,12 +235,28 @@ class Worker:
             if self.heartbeat is not None and self.settings.renew:
                 self.heartbeat.track(lease)
             waits.setdefault((queue, kind), []).append(max(0.0, now - row.run_at.timestamp()))
-            jobs.append(Job(job_id, kind, queue, attempt, RawJSON(row.payload), lease, row.max_attempts,
-                            row.dedupe_key, conn=self.conn, fence=self.settings.fence))
+            jobs.append(self._make_job(row, lease))
         for (queue, kind), count in claimed.items():   # once per batch, not per job
             metrics.of(metrics.JOBS_CLAIMED, queue, kind).inc(count)
             metrics.observe_many(metrics.of(metrics.JOB_WAIT, queue, kind), waits[queue, kind])
         return jobs
+
+    def _make_job(self, row: store.Claimed, lease: Lease) -> Job:
+        """The Job a handler receives for a claimed row; it writes on this
+        worker's connection."""
+        return Job(row.id, row.kind, row.queue, row.attempt, RawJSON(row.payload), lease, row.max_attempts,
+                   row.dedupe_key, conn=self.conn, fence=self.settings.fence)
+
+    @contextlib.contextmanager
+    def _conn_for(self, job: JobBase) -> Iterator[psycopg.Connection]:
+        """The connection a write about ``job`` (its error report, its
+        release, its put-back) goes on: the worker's own, or, in a worker
+        that runs many jobs at once, one of its pool's for this write."""
+        if self.pool is not None:
+            with db.translated(self.dsn), self.pool.connection() as conn:
+                yield conn
+            return
+        yield self.conn
 
     # -- run one job ----------------------------------------------------------
 
@@ -296,13 +330,7 @@ class Worker:
         if spec is None:
             return self._put_back_unknown(job)
         try:
-            # A job that waited behind others of its batch may have lost its
-            # lease meanwhile: it is not started.
-            job.check()
-            # Its timeout counts from here, not from the claim.
-            job.lease.started_at = time.monotonic()
-            if self.heartbeat is not None and self.settings.renew:
-                self.heartbeat.handler_started(job.lease)
+            self._start(job)
             result = spec.func(job)
             if inspect.isawaitable(result) and not job.completed:
                 return self._refuse_awaitable(job, result)
@@ -312,7 +340,25 @@ class Worker:
                     return DEFERRED
                 with job.fenced():
                     pass
-        except LeaseLost as exc:
+        except Exception as exc:  # noqa: BLE001 - a handler may raise anything
+            return self._after_error(job, exc)
+        metrics.JOBS_COMPLETED.labels(job.queue, job.kind).inc()
+        return DONE
+
+    def _start(self, job: JobBase) -> None:
+        """Just before the handler runs: a job that waited (behind others of
+        its batch, for a thread) may have lost its lease meanwhile and is
+        not started; its timeout counts from now, not from the claim."""
+        job.check()
+        job.lease.started_at = time.monotonic()
+        if self.heartbeat is not None and self.settings.renew:
+            self.heartbeat.handler_started(job.lease)
+
+    def _after_error(self, job: JobBase, exc: Exception) -> str:
+        """The outcome of a job whose handler (or completion) raised
+        ``exc``: reported through the fence, retried or failed, or, for a
+        lost lease, handed back or left to its new owner."""
+        if isinstance(exc, LeaseLost):
             log.warning("job %s attempt %s lost its lease (%s); its writes were rolled back",
                         job.id, job.attempt, exc.reason)
             if exc.reason == "timeout":
@@ -332,29 +378,27 @@ class Worker:
                 # database does not answer is retried either way.
                 self.release(job, retry_later=True)
             return LOST
-        except PayloadRejected as exc:
+        if isinstance(exc, PayloadRejected):
             return self._fail(job, f"payload rejected: {exc}", final=True, exc=exc)
-        except PgfenceError as exc:
-            if isinstance(exc, DatabaseUnavailable):
+        if isinstance(exc, PgfenceError):
+            if isinstance(exc, DatabaseUnavailable) and self.pool is None:
                 self._drop_connection()
             return self._fail(job, f"{type(exc).__name__}: {exc}", final=False, exc=exc)
-        except Exception as exc:  # noqa: BLE001 - a handler may raise anything
-            return self._fail(job, f"{type(exc).__name__}: {db.first_line(exc)}", final=False, exc=exc)
-        metrics.JOBS_COMPLETED.labels(job.queue, job.kind).inc()
-        return DONE
+        return self._fail(job, f"{type(exc).__name__}: {db.first_line(exc)}", final=False, exc=exc)
 
     def _refuse_awaitable(self, job: Job, result: object) -> str:
         """A handler returned a coroutine (or another awaitable) that nothing
         here would await: the work never ran, so the job fails instead of
-        being completed.  The registry refuses ``async def`` handlers; this
-        catches a synchronous function that returns an awaitable."""
+        being completed.  An ``async def`` handler runs on the event loop;
+        this catches a synchronous function that returns an awaitable."""
         close = getattr(result, "close", None)
         if callable(close):
             close()   # no "coroutine was never awaited" warning
         return self._fail(job, f"handler returned an awaitable ({type(result).__name__}) instead of running: "
-                               "pgfence runs handlers synchronously", final=True)
+                               "a def handler runs on a thread and nothing awaits what it returns; make it "
+                               "async def", final=True)
 
-    def _fail(self, job: Job, error: str, *, final: bool, exc: BaseException | None = None) -> str:
+    def _fail(self, job: JobBase, error: str, *, final: bool, exc: BaseException | None = None) -> str:
         """Report a failed attempt through the fence (retry or fail), with
         the traceback of ``exc`` if given, and log it at WARNING: kind, id,
         attempt and the error's first line, escaped (never the payload)."""
@@ -373,7 +417,8 @@ class Worker:
             # lease runs out, and this worker goes on with the next one.
             log.error("job %s attempt %s: could not report its error: %s: %s", job.id, job.attempt,
                       type(exc).__name__, errortext.first_line(str(exc)))
-            self._drop_connection()
+            if self.pool is None:
+                self._drop_connection()
             return LOST
         if row is None:
             # The fence refused a stale attempt's report: the job has a new
@@ -391,17 +436,18 @@ class Worker:
                     errortext.first_line(error))
         return RETRIED
 
-    def _report_failure(self, job: Job, error: str, traceback: str | None, *,
+    def _report_failure(self, job: JobBase, error: str, traceback: str | None, *,
                         final: bool) -> store.Reported | None:
         """Run ``fail_or_retry``; should the server refuse the error text
         itself (a character the database encoding lacks, say), report the
         failure again with a plain text instead, so the attempt is still
         counted and the job retried or failed."""
         def report(error: str, traceback: str | None) -> store.Reported | None:
-            return db.retrying(lambda: store.fail_or_retry(self.conn, job.id, job.attempt, error=error,
-                                                           traceback=traceback, final=final,
-                                                           backoff=self.retry_backoff),
-                               self.dsn, what="error report")
+            with self._conn_for(job) as conn:
+                return db.retrying(lambda: store.fail_or_retry(conn, job.id, job.attempt, error=error,
+                                                               traceback=traceback, final=final,
+                                                               backoff=self.retry_backoff),
+                                   self.dsn, what="error report")
 
         try:
             return report(error, traceback)
@@ -412,7 +458,7 @@ class Worker:
                         job.id, job.attempt, errortext.first_line(str(exc)))
             return report("the handler's error message could not be stored", None)
 
-    def _put_back_unknown(self, job: Job) -> str:
+    def _put_back_unknown(self, job: JobBase) -> str:
         """Hand back (fenced) a job whose kind this worker does not know,
         to be claimed again ``unknown_kind_delay`` seconds later, by a worker
         that may know it; no attempt is spent.  Once the job is older than
@@ -421,11 +467,12 @@ class Worker:
         error = (f"unknown job kind {job.kind!r}: no worker that claimed it knew it within "
                  f"{self.settings.unknown_kind_timeout:g}s of its creation (known here: {known})")
         try:
-            status = db.retrying(lambda: store.put_back_unknown(self.conn, job.id, job.attempt,
-                                                                delay=self.settings.unknown_kind_delay,
-                                                                give_up=self.settings.unknown_kind_timeout,
-                                                                error=error[:2000]),
-                                 self.dsn, what="put-back")
+            with self._conn_for(job) as conn:
+                status = db.retrying(lambda: store.put_back_unknown(conn, job.id, job.attempt,
+                                                                    delay=self.settings.unknown_kind_delay,
+                                                                    give_up=self.settings.unknown_kind_timeout,
+                                                                    error=error[:2000]),
+                                     self.dsn, what="put-back")
         except DatabaseError as exc:
             # Not known to be handed back: reclaimed once its lease runs out.
             log.warning("job %s attempt %s: could not put it back (%s)", job.id, job.attempt, exc)
@@ -449,7 +496,7 @@ class Worker:
                         self.settings.unknown_kind_delay, self.settings.unknown_kind_timeout)
         return PUT_BACK
 
-    def release(self, job: Job, *, reclaim: bool = False, reason: str | None = None,
+    def release(self, job: JobBase, *, reclaim: bool = False, reason: str | None = None,
                 retry_later: bool = False) -> bool:
         """Hand a claimed job back to the queue (fenced); True if it was still
         ours.  With ``retry_later``, a release the database did not answer
@@ -457,9 +504,10 @@ class Worker:
         if self.heartbeat is not None:
             self.heartbeat.untrack(job.lease)
         try:
-            released = db.retrying(lambda: store.release(self.conn, job.id, job.attempt, reclaim=reclaim,
-                                                         reason=reason),
-                                   self.dsn, what="release")
+            with self._conn_for(job) as conn:
+                released = db.retrying(lambda: store.release(conn, job.id, job.attempt, reclaim=reclaim,
+                                                             reason=reason),
+                                       self.dsn, what="release")
         except DatabaseError as exc:
             log.warning("job %s attempt %s: could not release it (%s)%s", job.id, job.attempt, exc,
                         "; trying again once the database answers" if retry_later else "")
@@ -476,7 +524,11 @@ class Worker:
 
     def _forget_connection(self, exc: PgfenceError) -> None:
         """After a failed statement: a broken connection is dropped (the
-        next use reconnects); one that only had a statement refused is kept."""
+        next use reconnects); one that only had a statement refused is kept.
+        In a worker with a pool the pool checks its own connections, and the
+        worker's own belongs to the thread that claims: left alone here."""
+        if threading.current_thread() is not self._owner:
+            return
         if isinstance(exc, DatabaseUnavailable) or (self._conn is not None and self._conn.closed):
             self._drop_connection()
 
@@ -529,7 +581,15 @@ class Worker:
                     break
                 # A batch of one is deferred too: complete_many is then one
                 # autocommit statement instead of BEGIN, complete, COMMIT.
-                if self.run_job(job, deferred) == DEFERRED and len(deferred) == 1:
+                in_flight = metrics.of(metrics.JOBS_IN_FLIGHT, job.queue)
+                in_flight.inc()
+                metrics.WORKER_FREE_SLOTS.set(0)
+                try:
+                    outcome = self.run_job(job, deferred)
+                finally:
+                    in_flight.dec()
+                    metrics.WORKER_FREE_SLOTS.set(1)
+                if outcome == DEFERRED and len(deferred) == 1:
                     oldest = time.monotonic()
                 if deferred and time.monotonic() - oldest >= DEFER_MAX:
                     self.complete_deferred(deferred)
@@ -548,8 +608,13 @@ class Worker:
         empty, or until ``max_jobs`` jobs have run).  ``enough`` is asked
         after each claim that ran a job, never while a job is held: true ends
         the loop as ``max_jobs`` does (a child's memory limit)."""
+        self._owner = threading.current_thread()
         if self._own is not None:
             self._own.start()
+        # One job at a time: its slot is free between jobs (the gauges'
+        # saturation reads in flight / capacity).
+        metrics.WORKER_CAPACITY.set(1)
+        metrics.WORKER_FREE_SLOTS.set(1)
         try:
             while not self.stopping:
                 try:
@@ -573,6 +638,8 @@ class Worker:
                         break
                     self._wait_for_work()
         finally:
+            metrics.WORKER_CAPACITY.set(0)
+            metrics.WORKER_FREE_SLOTS.set(0)
             self.close()
         return self.stats
 

@@ -1,0 +1,474 @@
+"""A worker that runs many jobs at once: ordinary handlers on threads,
+``async def`` handlers on an event loop.
+
+The thread that builds the worker claims; it is the only one that uses the
+worker's own connection (claims, batched completions, LISTEN).  Each claim
+takes as many jobs as the worker has free slots (never more than
+``batch``), so no claimed job waits in this worker's hand while another
+worker could run it.  Every job in flight has its own lease, tracked for the
+heartbeat manager, which renews them all in one statement per round while
+the worker ticks.  A job writes (``fenced()``, its error report, its
+release) on a connection borrowed for that write alone: the threads share a
+pool of ``threads`` connections, the loop one of its own.  Jobs whose
+handlers wrote nothing are completed together, fenced, by the claiming
+thread, before its next claim.
+
+A handler that outlives its lease (its kind's ``timeout``, or a lease lost
+otherwise) cannot be stopped from outside: a thread cannot be killed, and a
+loop held by blocking code turns no more.  Its job is given up
+``lost_lease_kill_after`` seconds later (released fenced: retried, or
+failed when its attempts are spent) and, under ``pgfence run``, the worker
+stops claiming, lets its other jobs finish, and exits to be replaced
+(:data:`pgfence.prefork.child.RECYCLED`), so one stuck handler does not end
+its neighbours' jobs.  An async job past its timeout is cancelled first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from pgfence import errortext, registry
+from pgfence.asyncjob import AsyncJob
+from pgfence.errors import DatabaseError, DatabaseUnavailable, LeaseLost
+from pgfence.job import Job, JobBase, RawJSON
+from pgfence.observe import metrics
+from pgfence.settings import Settings
+from pgfence.store import db, pools
+from pgfence.store import jobs as store
+from pgfence.worker.aio import BLOCKED_AFTER, EventLoop
+from pgfence.worker.lease import Lease
+from pgfence.worker.loop import DEFERRED, DONE, LOST, LeaseTracker, Stats, Worker
+
+log = logging.getLogger("pgfence.worker")
+
+#: Threads that write the error reports of async jobs (their writes are
+#: synchronous, on the threads' pool).
+REPORTERS = 2
+#: Longest wait of the claiming thread between two looks at its jobs (their
+#: timeouts, a blocked loop, a stop) while nothing wakes it.
+TEND_EVERY = 0.1
+
+#: Called with the jobs in flight, the capacity, and the job that just
+#: started (None when one ended): the process title.
+Title = Callable[[int, int, JobBase | None], None]
+
+
+@dataclass(eq=False)
+class Flight:
+    """A job in flight."""
+
+    job: JobBase
+    is_async: bool
+    task: asyncio.Task[Any] | None = None
+    #: Cancelled at its timeout (async jobs).
+    cancelled: bool = False
+    #: Given up: its handler outlived its lease by the grace period.
+    abandoned: bool = False
+
+
+class ConcurrentWorker(Worker):
+    """Runs up to ``threads`` ordinary jobs and ``async_concurrency`` async
+    jobs at once.  ``recycle`` (under ``pgfence run``): give up and exit to
+    be replaced once a handler outlives its lease by the grace period."""
+
+    def __init__(self, dsn: str, settings: Settings, *, name: str | None = None,
+                 heartbeat: LeaseTracker | None = None, on_title: Title | None = None,
+                 recycle: bool = False) -> None:
+        super().__init__(dsn, settings, name=name, heartbeat=heartbeat)
+        self.with_async = registry.has_async()
+        self.threads = settings.threads
+        self.async_slots = settings.async_concurrency if self.with_async else 0
+        self.capacity = self.threads + self.async_slots
+        self.batch = settings.claim_size(self.with_async)
+        self.recycle = recycle
+        #: Why the worker stopped claiming to be replaced (None: it did not).
+        self.recycle_reason: str | None = None
+        self.on_title = on_title
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._flights: dict[int, Flight] = {}
+        self._running = [0, 0]          # [threads, loop]
+        self._deferred: list[JobBase] = []
+        #: Deferred jobs of the threads and of the loop: still tracked, so
+        #: still in their side's count until completed.
+        self._held = [0, 0]
+        self._dispatched = 0
+        self._finished = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._reporters: ThreadPoolExecutor | None = None
+        self._loop: EventLoop | None = None
+        self._apool: AsyncConnectionPool | None = None
+        self._blocked_reported = False
+        self._next_claim_at = 0.0
+
+    # -- start and stop -----------------------------------------------------------
+
+    def open(self) -> None:
+        """The pools, the threads and the loop: after the fork, never before."""
+        app = f"pgfence worker {self.name}"
+        grace = max(1.0, min(10.0, self.settings.lease / 3))
+        self.pool = pools.open_threads_pool(self.dsn, size=self.threads + REPORTERS, application_name=app,
+                                            prepare=self.settings.prepare,
+                                            idle_ms=self.settings.idle_in_transaction_ms, timeout=grace)
+        self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="pgfence-job")
+        if self.with_async:
+            self._reporters = ThreadPoolExecutor(REPORTERS, thread_name_prefix="pgfence-report")
+            self._loop = EventLoop()
+            self._loop.start()
+            self._apool = self._loop.submit(pools.open_async_pool(
+                self.dsn, size=self.async_slots, application_name=app, prepare=self.settings.prepare,
+                idle_ms=self.settings.idle_in_transaction_ms, timeout=grace)).result()
+        metrics.WORKER_CAPACITY.set(self.capacity)
+        metrics.WORKER_FREE_SLOTS.set(self.capacity)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._reporters is not None:
+            self._reporters.shutdown(wait=False, cancel_futures=True)
+        if self._loop is not None:
+            if self._apool is not None:
+                # Closing: the process ends next, and the server ends the sessions.
+                with contextlib.suppress(Exception):
+                    self._loop.submit(self._apool.close(timeout=1.0)).result(timeout=3.0)
+            self._loop.stop()
+        if self.pool is not None:
+            self.pool.close(timeout=1.0)
+        metrics.WORKER_CAPACITY.set(0)
+        metrics.WORKER_FREE_SLOTS.set(0)
+        super().close()
+
+    # -- claims ----------------------------------------------------------------------
+
+    def _make_job(self, row: store.Claimed, lease: Lease) -> Job:
+        spec = registry.find(row.kind)
+        if spec is not None and spec.is_async:
+            # Typed as Job for the base class's claim(); dispatched by type.
+            return AsyncJob(row.id, row.kind, row.queue, row.attempt, RawJSON(row.payload), lease,  # type: ignore[return-value]
+                            row.max_attempts, row.dedupe_key, pool=self._apool, fence=self.settings.fence)
+        return Job(row.id, row.kind, row.queue, row.attempt, RawJSON(row.payload), lease, row.max_attempts,
+                   row.dedupe_key, pool=self.pool, fence=self.settings.fence)
+
+    def free(self) -> tuple[int, int]:
+        """Free slots of the threads and of the loop.  A job run but not yet
+        completed (deferred) still holds its lease and its place."""
+        with self._lock:
+            return (self.threads - self._running[0] - self._held[0],
+                    self.async_slots - self._running[1] - self._held[1])
+
+    def claim_plan(self) -> tuple[int, list[str] | None]:
+        """How many jobs the next claim takes, and of which kinds (None:
+        any).  With both threads and a loop, a side that is full makes the
+        claim take the other side's kinds only."""
+        free_threads, free_loop = self.free()
+        if not self.with_async:
+            return min(self.batch, free_threads), None
+        sync_kinds = [s.kind for s in registry.specs() if not s.is_async]
+        async_kinds = [s.kind for s in registry.specs() if s.is_async]
+        if not sync_kinds:
+            return min(self.batch, free_loop), None
+        if free_threads <= 0:
+            return min(self.batch, free_loop), async_kinds
+        if free_loop <= 0:
+            return min(self.batch, free_threads), sync_kinds
+        return min(self.batch, free_threads, free_loop), None
+
+    # -- running ------------------------------------------------------------------------
+
+    def _dispatch(self, job: JobBase) -> None:
+        flight = Flight(job, isinstance(job, AsyncJob))
+        with self._lock:
+            self._flights[job.id] = flight
+            self._running[flight.is_async] += 1
+            self._dispatched += 1
+        metrics.of(metrics.JOBS_IN_FLIGHT, job.queue).inc()
+        self._retitle(job)
+        if flight.is_async:
+            assert self._loop is not None
+            future: Future[str] = self._loop.submit(self._run_async(flight))
+            future.add_done_callback(lambda f: self._ended(flight, _outcome(f)))
+        else:
+            assert self._executor is not None
+            self._executor.submit(self._run_threaded, flight)
+
+    def _run_threaded(self, flight: Flight) -> None:
+        outcome = LOST
+        try:
+            outcome = self.run_job(flight.job, [])  # type: ignore[arg-type]
+        finally:
+            self._ended(flight, outcome)
+
+    async def _run_async(self, flight: Flight) -> str:
+        job = flight.job
+        assert isinstance(job, AsyncJob)
+        flight.task = asyncio.current_task()
+        spec = registry.find(job.kind)
+        started = time.monotonic()
+        error: Exception | None = None
+        outcome = DONE
+        try:
+            if spec is None:   # claimed with the loop's kinds: cannot happen
+                raise RuntimeError(f"no handler for kind {job.kind!r}")
+            self._start(job)
+            await spec.func(job)   # type: ignore[misc]
+            if not job.completed:
+                if job.fence:
+                    outcome = DEFERRED
+                else:
+                    async with job.fenced():
+                        pass
+        except asyncio.CancelledError:
+            if not flight.cancelled:
+                raise
+            error = LeaseLost(job.id, job.attempt, "timeout")
+        except Exception as exc:  # noqa: BLE001 - a handler may raise anything
+            error = exc
+        metrics.of(metrics.JOB_DURATION, job.queue, job.kind).observe(time.monotonic() - started)
+        if error is not None and flight.abandoned:
+            # Given up already (released, retried or failed): nothing to report.
+            return LOST
+        if error is not None:
+            # The report is a synchronous write: on a reporting thread, so
+            # that the loop goes on with the other jobs.
+            assert self._reporters is not None
+            outcome = await asyncio.get_running_loop().run_in_executor(self._reporters, self._after_error,
+                                                                      job, error)
+        elif outcome == DONE:
+            metrics.JOBS_COMPLETED.labels(job.queue, job.kind).inc()
+        return outcome
+
+    def _ended(self, flight: Flight, outcome: str) -> None:
+        """A job's handler returned (on its thread, or on the loop)."""
+        job = flight.job
+        if flight.is_async:
+            if outcome != DEFERRED and self.heartbeat is not None:
+                self.heartbeat.untrack(job.lease)
+            if outcome != DEFERRED:
+                self.stats.add(outcome)
+        with self._lock:
+            self._flights.pop(job.id, None)
+            self._running[flight.is_async] -= 1
+            self._finished += 1
+            if outcome == DEFERRED and not flight.abandoned:
+                self._deferred.append(job)
+                self._held[flight.is_async] += 1
+        metrics.of(metrics.JOBS_IN_FLIGHT, job.queue).dec()
+        self._retitle(None)
+        self._wake.set()
+
+    def _retitle(self, job: JobBase | None) -> None:
+        with self._lock:
+            busy = self._running[0] + self._running[1]
+        metrics.WORKER_FREE_SLOTS.set(self.capacity - busy)
+        if self.on_title is not None:
+            self.on_title(busy, self.capacity, job)
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return sum(1 for f in self._flights.values() if not f.abandoned)
+
+    # -- the claiming thread's rounds -------------------------------------------------------
+
+    def _flush(self) -> None:
+        with self._lock:
+            done, self._deferred = self._deferred, []
+            self._held = [0, 0]
+        if done:
+            self.complete_deferred(done)  # type: ignore[arg-type]
+
+    def _tend(self) -> None:
+        """Between claims: cancel async jobs past their timeout, give up
+        handlers that outlive their lease by the grace period, report a
+        blocked loop."""
+        now = time.monotonic()
+        grace = self.settings.lost_lease_kill_after
+        with self._lock:
+            flights = [f for f in self._flights.values() if not f.abandoned]
+        for flight in flights:
+            lease = flight.job.lease
+            reason = lease.lost()
+            if reason is None:
+                continue
+            if reason == "timeout" and flight.is_async and not flight.cancelled and flight.task is not None:
+                flight.cancelled = True
+                assert self._loop is not None
+                self._loop.call(flight.task.cancel)
+            since = lease.lost_at
+            if reason == "timeout" and lease.started_at is not None and lease.timeout is not None:
+                since = lease.started_at + lease.timeout
+            if now >= since + grace:
+                self._abandon(flight, reason)
+        self._watch_loop(now)
+
+    def _abandon(self, flight: Flight, reason: str) -> None:
+        job = flight.job
+        flight.abandoned = True
+        what = "replacing this worker once its other jobs end" if self.recycle else "its thread stays taken"
+        log.warning("job %s (%s) attempt %s: its handler still runs %gs after its lease was lost (%s): giving the "
+                    "job up; %s", job.id, errortext.one_line(job.kind), job.attempt,
+                    self.settings.lost_lease_kill_after, reason, what)
+        if reason == "timeout":
+            self._fail(job, f"timed out after {job.lease.timeout:g}s; worker recycled", final=False)
+        elif reason in ("renewal_failed", "expired"):
+            self.release(job, retry_later=True)
+        elif self.heartbeat is not None:
+            self.heartbeat.untrack(job.lease)
+        if self.heartbeat is not None:
+            self.heartbeat.untrack(job.lease)
+        if self.recycle and self.recycle_reason is None:
+            self.recycle_reason = "timeout" if reason == "timeout" else "lost_lease"
+
+    def _watch_loop(self, now: float) -> None:
+        if self._loop is None:
+            return
+        silent = self._loop.silent_for(now)
+        if silent <= BLOCKED_AFTER:
+            self._blocked_reported = False
+            return
+        if self._blocked_reported:
+            return
+        self._blocked_reported = True
+        task = self._loop.running_task()
+        with self._lock:
+            culprit = next((f for f in self._flights.values() if f.task is task and task is not None), None)
+        if culprit is None:
+            kind, detail = "unknown", "code outside any job"
+        else:
+            kind = culprit.job.kind
+            detail = f"{errortext.one_line(kind)} job {culprit.job.id} attempt {culprit.job.attempt}"
+        log.warning("event loop of worker %s blocked for %.1fs (and counting) by %s: an async handler runs blocking "
+                    "code (await it, or make the handler a def)", self.name, silent, detail)
+        metrics.EVENT_LOOP_BLOCKED.labels(kind).inc()
+
+    def _wait_for_slot(self) -> None:
+        """Every slot taken: wait for a job to end (or a look at the jobs)."""
+        self._wake.wait(TEND_EVERY)
+        self._wake.clear()
+
+    def _wait(self, seconds: float) -> None:
+        """Nothing to claim: wait for an enqueue's NOTIFY, at most
+        ``seconds`` (a job that ends meanwhile needs no claim, only its
+        completion, which the next round sends)."""
+        if not self._listening or self._conn is None or self._conn.closed:
+            self._wake.wait(seconds)
+            self._wake.clear()
+            return
+        try:
+            woken = any(note.payload in self.settings.queues or not note.payload
+                        for note in self._conn.notifies(timeout=seconds))
+        except (psycopg.Error, OSError):
+            self._drop_connection()
+            return
+        if woken:
+            self._drain_notifies()
+            self._next_claim_at = 0.0
+
+    def run(self, *, burst: bool = False, max_jobs: int | None = None,
+            enough: Callable[[], bool] | None = None) -> Stats:
+        """Claim into free slots until asked to stop (or, with ``burst``,
+        until the queues are empty; or until ``max_jobs`` jobs were started,
+        or ``enough()`` is true after a job ended, or a handler outlived its
+        lease under ``recycle``), then let the jobs in flight end."""
+        self._owner = threading.current_thread()
+        if self._own is not None:
+            self._own.start()
+        checked = 0
+        try:
+            self.open()
+            while True:
+                self._tend()
+                self._flush()
+                if self.stopping or self.recycle_reason is not None:
+                    if self.in_flight() == 0:
+                        break
+                    self._wake.wait(TEND_EVERY)
+                    self._wake.clear()
+                    continue
+                if max_jobs is not None and self._dispatched >= max_jobs:
+                    self.recycle_reason = "max_jobs"
+                    continue
+                if enough is not None and self._finished > checked:
+                    checked = self._finished
+                    if enough():
+                        self.recycle_reason = "max_memory"
+                        continue
+                size, kinds = self.claim_plan()
+                if size <= 0:
+                    self._wait_for_slot()
+                    continue
+                if time.monotonic() < self._next_claim_at:
+                    self._wait(TEND_EVERY / 2)
+                    continue
+                try:
+                    self._release_unreleased()
+                    jobs = self.claim(size, kinds)
+                except DatabaseError as exc:
+                    log.warning("%s", exc)
+                    self._forget_connection(exc)
+                    self._stop.wait(self.settings.poll_interval)
+                    continue
+                if jobs:
+                    self._drain_notifies()
+                    for job in jobs:
+                        self._dispatch(job)
+                    continue
+                self._maybe_prune()
+                if burst:
+                    if self.in_flight() == 0 and not self._deferred:
+                        break
+                    self._wait_for_slot()
+                    continue
+                self._next_claim_at = time.monotonic() + self.idle_wait()
+        finally:
+            self._flush_safely()
+            self.close()
+        return self.stats
+
+    def _release_unreleased(self) -> None:
+        pending, self._unreleased = self._unreleased, []
+        for job in pending:
+            if self.release(job, retry_later=True):
+                log.info("job %s attempt %s released after the outage that lost its lease", job.id, job.attempt)
+        if self._unreleased:
+            raise DatabaseUnavailable(f"{len(self._unreleased)} job(s) whose lease an outage lost are still to be "
+                                      "released; claiming after that")
+
+    def _flush_safely(self) -> None:
+        try:
+            self._flush()
+        except Exception as exc:  # noqa: BLE001 - stopping: the leases run out and the jobs are reclaimed
+            log.warning("could not complete the last jobs: %s", db.first_line(exc))
+
+    def _wait_for_work(self) -> None:   # the base class's idle wait: not used here
+        self._wait(TEND_EVERY)
+
+
+def _outcome(future: Future[str]) -> str:
+    """A loop job's outcome; one that raised (a bug here, or a cancel at
+    shutdown) lost its job, which its lease brings back."""
+    try:
+        return future.result()
+    except BaseException as exc:  # noqa: BLE001
+        log.error("async job runner failed: %s: %s", type(exc).__name__, db.first_line(exc))
+        return LOST
+
+
+def make_worker(dsn: str, settings: Settings, *, name: str | None = None, heartbeat: LeaseTracker | None = None,
+                on_job: Callable[[Job | None], None] | None = None, on_title: Title | None = None,
+                recycle: bool = False) -> Worker:
+    """The worker for ``settings`` and the handlers loaded: one job at a
+    time (one thread, no async handler) or many."""
+    if settings.threads > 1 or registry.has_async():
+        return ConcurrentWorker(dsn, settings, name=name, heartbeat=heartbeat, on_title=on_title, recycle=recycle)
+    return Worker(dsn, settings, name=name, heartbeat=heartbeat, on_job=on_job)
