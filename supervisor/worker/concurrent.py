@@ -73,6 +73,8 @@ class Flight:
     task: asyncio.Task[Any] | None = None
     #: Cancelled at its timeout (async jobs).
     cancelled: bool = False
+    #: The handler returned (async jobs; set on the loop's thread).
+    returned: bool = False
     #: Given up: its handler outlived its lease by the grace period.
     abandoned: bool = False
 
@@ -222,6 +224,12 @@ class ConcurrentWorker(Worker):
                 raise RuntimeError(f"no handler for kind {job.kind!r}")
             self._start(job)
             await spec.func(job)   # type: ignore[misc]
+            flight.returned = True
+            if flight.cancelled and not job.completed:
+                # Still running at its timeout, so cancelled, but the cancel
+                # never reached it: it held the loop (blocking code) until
+                # it returned.  Timed out all the same, not completed.
+                raise LeaseLost(job.id, job.attempt, "timeout")
             if not job.completed:
                 if job.fence:
                     outcome = DEFERRED
@@ -303,7 +311,7 @@ class ConcurrentWorker(Worker):
             if reason == "timeout" and flight.is_async and not flight.cancelled and flight.task is not None:
                 flight.cancelled = True
                 assert self._loop is not None
-                self._loop.call(flight.task.cancel)
+                self._loop.call(_cancel, flight)
             since = lease.lost_at
             if reason == "timeout" and lease.started_at is not None and lease.timeout is not None:
                 since = lease.started_at + lease.timeout
@@ -404,6 +412,10 @@ class ConcurrentWorker(Worker):
                         self.recycle_reason = "max_memory"
                         continue
                 size, kinds = self.claim_plan()
+                if max_jobs is not None:
+                    # Never claim past the job limit: the jobs over it would
+                    # run in a child that should already be replaced.
+                    size = min(size, max_jobs - self._dispatched)
                 if size <= 0:
                     self._wait_for_slot()
                     continue
@@ -452,6 +464,14 @@ class ConcurrentWorker(Worker):
 
     def _wait_for_work(self) -> None:   # the base class's idle wait: not used here
         self._wait(TEND_EVERY)
+
+
+def _cancel(flight: Flight) -> None:
+    """On the loop's thread: cancel an async job's task, unless its handler
+    returned meanwhile (a loop held by blocking code runs this only once the
+    handler lets go; the cancel would then hit the job's error report)."""
+    if flight.task is not None and not flight.returned:
+        flight.task.cancel()
 
 
 def _outcome(future: Future[str]) -> str:
