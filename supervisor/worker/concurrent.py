@@ -97,7 +97,7 @@ class ConcurrentWorker(Worker):
         self.on_title = on_title
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._flights: dict[int, Flight] = {}
+        self._flights: dict[tuple[int, int], Flight] = {}
         self._running = [0, 0]          # [threads, loop]
         self._deferred: list[JobBase] = []
         #: Deferred jobs of the threads and of the loop: still tracked, so
@@ -189,7 +189,7 @@ class ConcurrentWorker(Worker):
     def _dispatch(self, job: JobBase) -> None:
         flight = Flight(job, isinstance(job, AsyncJob))
         with self._lock:
-            self._flights[job.id] = flight
+            self._flights[job.id, job.attempt] = flight
             self._running[flight.is_async] += 1
             self._dispatched += 1
         metrics.of(metrics.JOBS_IN_FLIGHT, job.queue).inc()
@@ -257,7 +257,7 @@ class ConcurrentWorker(Worker):
             if outcome != DEFERRED:
                 self.stats.add(outcome)
         with self._lock:
-            self._flights.pop(job.id, None)
+            self._flights.pop((job.id, job.attempt), None)
             self._running[flight.is_async] -= 1
             self._finished += 1
             if outcome == DEFERRED and not flight.abandoned:
