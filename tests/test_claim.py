@@ -292,3 +292,21 @@ def test_a_worker_looks_for_expired_leases_at_its_first_claim_then_about_once_a_
     assert [tuple(r) for r in conn.execute(
         "SELECT id, attempt, reclaims, locked_by FROM pgfence.jobs ORDER BY id")] == [
         (first, 2, 1, "w1"), (second, 2, 1, "w1")]
+
+
+def test_a_claim_with_kinds_takes_only_those_kinds_queued_or_expired(conn):
+    """A worker whose threads are full while its event loop has room claims
+    only async kinds (and the other way round): the kinds filter applies to
+    queued jobs and to reclaims alike; without it every kind is taken."""
+    noop, sleep = enqueue(conn, "noop"), enqueue(conn, "sleep")
+    rows = conn.execute(q("claim"), claim_params("k1", batch=5, kinds=["sleep"])).fetchall()
+    assert [(r[0], r[2]) for r in rows] == [(sleep, "sleep")]
+    assert job_row(conn, noop)["status"] == "queued"
+
+    conn.execute("UPDATE pgfence.jobs SET lease_until = now() - interval '1 second' WHERE id = %s", (sleep,))
+    rows = conn.execute(q("claim"), claim_params("k2", batch=5, kinds=["noop"])).fetchall()
+    assert [(r[0], r[14]) for r in rows] == [(noop, "queued")]          # the expired sleep job is not its kind
+    assert (job_row(conn, sleep)["locked_by"], job_row(conn, sleep)["attempt"]) == ("k1", 1)
+
+    rows = conn.execute(q("claim"), claim_params("k3", batch=5, kinds=["sleep", "other"])).fetchall()
+    assert [(r[0], r[5], r[14]) for r in rows] == [(sleep, 2, "running")]

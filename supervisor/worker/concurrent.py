@@ -93,13 +93,16 @@ class ConcurrentWorker(Worker):
         self.async_slots = settings.async_concurrency if self.with_async else 0
         self.capacity = self.threads + self.async_slots
         self.batch = settings.claim_size(self.with_async)
+        #: The kinds the threads run and those the loop runs.
+        self._kinds = ([s.kind for s in registry.specs() if not s.is_async],
+                       [s.kind for s in registry.specs() if s.is_async])
         self.recycle = recycle
         #: Why the worker stopped claiming to be replaced (None: it did not).
         self.recycle_reason: str | None = None
         self.on_title = on_title
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._flights: dict[int, Flight] = {}
+        self._flights: dict[tuple[int, int], Flight] = {}
         self._running = [0, 0]          # [threads, loop]
         self._deferred: list[JobBase] = []
         #: Deferred jobs of the threads and of the loop: still tracked, so
@@ -176,8 +179,7 @@ class ConcurrentWorker(Worker):
         free_threads, free_loop = self.free()
         if not self.with_async:
             return min(self.batch, free_threads), None
-        sync_kinds = [s.kind for s in registry.specs() if not s.is_async]
-        async_kinds = [s.kind for s in registry.specs() if s.is_async]
+        sync_kinds, async_kinds = self._kinds
         if not sync_kinds:
             return min(self.batch, free_loop), None
         if free_threads <= 0:
@@ -191,7 +193,7 @@ class ConcurrentWorker(Worker):
     def _dispatch(self, job: JobBase) -> None:
         flight = Flight(job, isinstance(job, AsyncJob))
         with self._lock:
-            self._flights[job.id] = flight
+            self._flights[job.id, job.attempt] = flight
             self._running[flight.is_async] += 1
             self._dispatched += 1
         metrics.of(metrics.JOBS_IN_FLIGHT, job.queue).inc()
@@ -265,7 +267,7 @@ class ConcurrentWorker(Worker):
             if outcome != DEFERRED:
                 self.stats.add(outcome)
         with self._lock:
-            self._flights.pop(job.id, None)
+            self._flights.pop((job.id, job.attempt), None)
             self._running[flight.is_async] -= 1
             self._finished += 1
             if outcome == DEFERRED and not flight.abandoned:
@@ -394,8 +396,14 @@ class ConcurrentWorker(Worker):
         checked = 0
         try:
             self.open()
+            next_tend = 0.0
             while True:
-                self._tend()
+                now = time.monotonic()
+                if now >= next_tend:
+                    # Not at every turn: a busy worker turns once per job
+                    # that ends, and a look is one lease check per job.
+                    self._tend()
+                    next_tend = now + TEND_EVERY / 2
                 self._flush()
                 if self.stopping or self.recycle_reason is not None:
                     if self.in_flight() == 0:

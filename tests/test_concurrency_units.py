@@ -1,0 +1,114 @@
+"""Pure logic of the workers that run many jobs at once, without a database:
+titles, settings, the claim plan, the event loop's pulse."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pgfence import AsyncJob, ConfigError, Job, handler, registry
+from pgfence.prefork import proctitle
+from pgfence.settings import ASYNC_CONCURRENCY_MAX, THREADS_MAX, Settings
+from pgfence.worker.aio import BLOCKED_AFTER, EventLoop
+from pgfence.worker.concurrent import ConcurrentWorker, make_worker
+from pgfence.worker.loop import Worker
+from pgtools import wait_for
+
+DSN = "host=127.0.0.1 dbname=never_connected"
+
+
+def test_a_serial_worker_title_is_unchanged():
+    assert proctitle.worker(3, None) == "pgfence worker 3 idle"
+    assert proctitle.worker(3, ("send_receipt", 42, 2)) == "pgfence worker 3 send_receipt job 42 attempt 2"
+
+
+def test_a_concurrent_worker_title_shows_jobs_in_flight_and_capacity():
+    assert proctitle.worker(3, None, busy=0, capacity=32) == "pgfence worker 3 [0/32 jobs] idle"
+    assert (proctitle.worker(3, ("send_receipt", 42, 1), busy=5, capacity=32)
+            == "pgfence worker 3 [5/32 jobs] send_receipt job 42 attempt 1")
+    # Jobs in flight but none named (the last one started ended): no "idle".
+    assert proctitle.worker(3, None, busy=2, capacity=32) == "pgfence worker 3 [2/32 jobs]"
+
+
+def test_a_title_shows_a_hostile_kind_printable_and_cut():
+    title = proctitle.worker(1, ("a\nb\x1b[31m" + "x" * 100, 7, 1), busy=1, capacity=4)
+    assert title == "pgfence worker 1 [1/4 jobs] a?b?[31m" + "x" * 52 + " job 7 attempt 1"
+    assert "\n" not in title and "\x1b" not in title
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("threads", 0, "invalid threads: must be a whole number of at least 1, got 0"),
+    ("async_concurrency", 0, "invalid async_concurrency: must be a whole number of at least 1, got 0"),
+    ("threads", THREADS_MAX + 1, f"invalid threads: at most {THREADS_MAX} per worker, got {THREADS_MAX + 1}"),
+    ("async_concurrency", ASYNC_CONCURRENCY_MAX + 1,
+     f"invalid async-concurrency: at most {ASYNC_CONCURRENCY_MAX} per worker, got {ASYNC_CONCURRENCY_MAX + 1}"),
+    ("batch", 0, "invalid batch: must be a whole number of at least 1, got 0"),
+])
+def test_invalid_concurrency_settings_are_one_line(name, value, message):
+    with pytest.raises(ConfigError) as info:
+        Settings(**{name: value})
+    assert str(info.value) == message
+
+
+def test_capacity_and_claim_size_follow_threads_async_and_batch():
+    s = Settings(threads=8, async_concurrency=50)
+    assert (s.capacity(False), s.capacity(True)) == (8, 58)
+    assert (s.claim_size(False), s.claim_size(True)) == (8, 58)
+    assert Settings().claim_size(False) == 1          # one job at a time: claims of one, as before
+    assert Settings(batch=100).claim_size(False) == 100
+    assert Settings(threads=8, batch=4).claim_size(True) == 4
+
+
+def test_make_worker_picks_the_serial_worker_unless_threads_or_async_handlers():
+    assert type(make_worker(DSN, Settings(renew=False))) is Worker
+    assert type(make_worker(DSN, Settings(threads=2, renew=False))) is ConcurrentWorker
+
+    @handler("t_units_async")
+    async def work(job: AsyncJob) -> None:
+        pass
+
+    assert registry.has_async()
+    worker = make_worker(DSN, Settings(renew=False, async_concurrency=7))
+    assert isinstance(worker, ConcurrentWorker)
+    assert (worker.threads, worker.async_slots, worker.capacity) == (1, 7, 8)
+
+
+def test_the_claim_plan_takes_the_free_slots_and_only_the_kinds_of_the_side_with_room():
+    @handler("t_units_sync")
+    def sync_kind(job: Job) -> None:
+        pass
+
+    @handler("t_units_aio")
+    async def async_kind(job: AsyncJob) -> None:
+        pass
+
+    worker = ConcurrentWorker(DSN, Settings(renew=False, threads=4, async_concurrency=10))
+    sync_kinds = [s.kind for s in registry.specs() if not s.is_async]
+    assert worker.claim_plan() == (4, None)                      # both sides free: the smaller room
+    worker._running = [4, 3]                                     # threads full
+    assert worker.claim_plan() == (7, ["t_units_aio"])
+    worker._running = [1, 10]                                    # loop full
+    assert worker.claim_plan() == (3, sync_kinds)
+    worker._running = [1, 3]
+    worker._held = [1, 0]                                        # a deferred job still holds its place
+    assert worker.claim_plan() == (2, None)
+    worker._running, worker._held = [4, 10], [0, 0]
+    assert worker.claim_plan() == (0, ["t_units_aio"])
+
+    capped = ConcurrentWorker(DSN, Settings(renew=False, threads=4, async_concurrency=10, batch=2))
+    capped._running = [4, 0]
+    assert capped.claim_plan() == (2, ["t_units_aio"])
+
+
+def test_the_event_loop_reports_the_time_it_has_not_turned():
+    loop = EventLoop()
+    loop.start()
+    try:
+        wait_for(lambda: loop.silent_for() == 0.0, timeout=5)
+        loop.call(time.sleep, BLOCKED_AFTER + 0.5)       # blocking code on the loop
+        wait_for(lambda: loop.silent_for() > BLOCKED_AFTER, timeout=10)
+        wait_for(lambda: loop.silent_for() == 0.0, timeout=10)   # it turns again afterwards
+    finally:
+        loop.stop()
+    assert loop.loop.is_closed()
