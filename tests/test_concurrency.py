@@ -195,17 +195,20 @@ def test_thousands_of_jobs_run_exactly_once_with_one_renewal_statement_per_round
     # Claims sized to the free slots take several jobs each (a claim's
     # started_at is its statement's now()): far fewer claims than jobs.
     assert claims(conn) <= n / 2, claims(conn)
-    # Several leases went in one renewal statement.
-    assert seen["leases"] >= 2, seen
+    # Many leases went in one renewal statement.
+    assert seen["leases"] >= 16, seen
     started, restarts, rounds, statements = final_stats(log)
     assert (started, restarts) == (2, 0), log
+    # At most one statement a round, and about one per interval however
+    # many jobs are in flight (4 of slack for timing: the first round, the
+    # stop's drain, a loaded machine's late wake-ups).  Rounds themselves
+    # may come a little more often than the interval (a round is planned
+    # for the earliest lease due, and short jobs keep arriving and ending),
+    # but one that finds nothing due sends nothing.  The 100 long jobs were
+    # each renewed at least once: in fewer statements than leases.
     assert 1 <= statements <= rounds, log
-    # The 100 long jobs' leases were each renewed at least once, in fewer
-    # statements than leases: at most one a round, and a round at start,
-    # then about one per interval (4 rounds of slack for timing: the stop's
-    # drain, a loaded machine's late wake-ups), however many jobs in flight.
+    assert statements <= elapsed / INTERVAL + 4, (statements, elapsed)
     assert statements < n // 50, log
-    assert rounds <= elapsed / INTERVAL + 4, (rounds, elapsed)
     assert problems(log) == [], log
 
 
@@ -547,37 +550,3 @@ def test_sighup_lets_the_old_child_finish_its_eight_jobs(dsn, conn, supervisors)
     log = stop(sup)
     assert "lost its lease" not in log and "killing it" not in log, log
 
-
-# -- pure logic, no database --------------------------------------------------------------------------
-
-
-def test_a_child_title_shows_its_jobs_in_flight_and_capacity_and_the_job_started_last():
-    from pgfence.prefork.proctitle import worker
-
-    assert worker(3, ("send_receipt", 42, 1), busy=5, capacity=32) == \
-        "pgfence worker 3 [5/32 jobs] send_receipt job 42 attempt 1"
-    assert worker(3, None, busy=0, capacity=32) == "pgfence worker 3 [0/32 jobs] idle"
-    assert TITLE.match(worker(3, ("send_receipt", 42, 1), busy=5, capacity=32)).groups() == (
-        "3", "5", "32", "send_receipt", "42", "1")
-    assert TITLE.match(worker(7, None, busy=0, capacity=104)).groups() == ("7", "0", "104", None, None, None)
-    # A child that runs one job at a time keeps the serial title.
-    assert worker(3, ("send_receipt", 42, 2)) == "pgfence worker 3 send_receipt job 42 attempt 2"
-    assert worker(3, None) == "pgfence worker 3 idle"
-    # The kind is shown printable and cut short; nothing else of the job.
-    shown = worker(1, ("bad\nkind\x00" + "k" * 100, 9, 1), busy=1, capacity=8)
-    assert shown == "pgfence worker 1 [1/8 jobs] bad?kind?" + "k" * 51 + " job 9 attempt 1"
-    assert shown.isprintable()
-
-
-def test_capacity_and_claim_size_follow_threads_async_slots_and_batch():
-    from pgfence.settings import Settings
-
-    assert (Settings().capacity(False), Settings().capacity(True)) == (1, 101)
-    four = Settings(threads=4)
-    assert (four.capacity(False), four.capacity(True)) == (4, 104)
-    # Unset, a claim takes the free slots: at most the capacity.
-    assert (four.claim_size(False), four.claim_size(True)) == (4, 104)
-    assert Settings(threads=4, async_concurrency=200).claim_size(True) == 204
-    # Set, batch is the most one claim takes, whatever the capacity.
-    assert Settings(threads=4, batch=2).claim_size(True) == 2
-    assert Settings(batch=50).claim_size(False) == 50
