@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pgfence.errors import LeaseLost, NotCommitted, TransactionConflict
 from pgfence.job import JobBase, Writes
@@ -47,11 +47,30 @@ class AsyncJob(JobBase):
 
     @contextlib.asynccontextmanager
     async def borrow(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """A connection of the worker's event-loop pool, for one write."""
-        if self.pool is None:
+        """A connection of the worker's event-loop pool, for one write.
+
+        The pool has far fewer connections than the loop has jobs: when
+        every one of them is open and busy with other jobs' writes, a wait
+        past the pool's timeout is a queue, not an outage, and the job
+        waits on while its lease holds (``check()`` raises once it is
+        lost).  A pool that could not open its connections in time is an
+        outage: ``PoolTimeout``, reported as the database unavailable."""
+        pool = self.pool
+        if pool is None:
             raise RuntimeError("this job is not attached to a worker's pool")
-        async with self.pool.connection() as conn:
-            yield conn
+        while True:
+            try:
+                conn = await pool.getconn()
+                break
+            except PoolTimeout:
+                if pool.get_stats().get("pool_size", 0) < pool.max_size:
+                    raise
+                self.check()
+        try:
+            async with conn:
+                yield conn
+        finally:
+            await pool.putconn(conn)
 
     @contextlib.asynccontextmanager
     async def fenced(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
