@@ -33,3 +33,15 @@ async def c_async_effect(job: AsyncJob) -> None:
     async with job.fenced_writes() as writes:
         writes.execute(INSERT_EFFECT, {"job_id": job.id, "attempt": job.attempt, "key": job.idempotency_key,
                                        "worker": str(os.getpid())})
+
+
+@handler("c_async_slow_write")
+async def c_async_slow_write(job: AsyncJob) -> None:
+    """Holds a connection of the loop's pool payload.seconds inside its
+    fenced block (a slow write), then completes: many at once queue for the
+    pool's few connections."""
+    payload: Any = job.payload if isinstance(job.payload, dict) else {}
+    async with job.fenced() as conn:
+        await conn.execute("SELECT pg_sleep(%s)", (float(payload.get("seconds", 0)),))
+        await conn.execute(INSERT_EFFECT, {"job_id": job.id, "attempt": job.attempt, "key": job.idempotency_key,
+                                           "worker": str(os.getpid())})
