@@ -7,9 +7,11 @@ run), the arbiter's log and, where the contract names one, the metric.
 
 The handlers live in tests/concurrency_handlers.py (sync kinds only, so a
 child that loads it alone has no event loop and a capacity of its thread
-count) and tests/concurrency_mixed_handlers.py (sync and async kinds);
-``async_effect`` and ``async_sleep`` are pgfence's built-in async kinds
-(``pgfence.handlers.aio``).
+count), tests/concurrency_async_handlers.py (async kinds only) and
+tests/concurrency_mixed_handlers.py (both); ``async_effect`` is pgfence's
+built-in async kind (``pgfence.handlers.aio``, which imports the sync
+built-ins too).  A claim's size is read from the rows: jobs claimed
+together share their child and their ``started_at``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import pytest
 from metricstools import free_port, http_get, samples, total
 from pgtools import job_row, scalar, wait_for
 from pgfence import enqueue
-from test_supervisor import FINAL, problems
+from test_supervisor import final_stats, problems
 from test_supervisor_faults import Supervisor, pid_of, state, supervisors  # noqa: F401 - the fixture
 
 SYNC = "concurrency_handlers"
@@ -114,12 +116,6 @@ def showing(sup: Supervisor, pid: int, jobs: int) -> bool:
     """True when the title of the child ``pid`` counts ``jobs`` jobs."""
     match = TITLE.match(sup.workers().get(pid, ""))
     return bool(match) and int(match.group(2)) == jobs
-
-
-def final_stats(log: str) -> tuple[int, int, int, int]:
-    found = FINAL.findall(log)
-    assert len(found) == 1, log
-    return tuple(int(n) for n in found[0])
 
 
 def poll(sup: Supervisor, condition, timeout: float, message: str, interval: float) -> Any:
