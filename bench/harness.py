@@ -98,7 +98,7 @@ def claim_params(batch: int, worker: str = "bench", reclaim: bool = False) -> di
     """The claim's parameters as a worker sends them; ``reclaim`` false as in
     all but about one claim a second of each worker."""
     return {"queues": ["default"], "batch": batch, "worker": worker, "lease": 30.0,
-            "lease_kinds": [], "lease_secs": [], "reclaim": reclaim, "kinds": None}
+            "lease_kinds": [], "lease_secs": [], "reclaim": reclaim, "kinds": None, "not_kinds": None}
 
 
 # -- the database -------------------------------------------------------------------

@@ -37,7 +37,7 @@ def claim_leases(dsn: str, count: int) -> list[Lease]:
         conn.execute("VACUUM ANALYZE pgfence.jobs")
         sent = time.monotonic()
         rows = conn.execute(q("claim"), {"queues": ["default"], "batch": count, "worker": "bench-heartbeat",
-                                         "lease": LEASE, "lease_kinds": [], "lease_secs": [], "reclaim": True, "kinds": None}).fetchall()
+                                         "lease": LEASE, "lease_kinds": [], "lease_secs": [], "reclaim": True, "kinds": None, "not_kinds": None}).fetchall()
     if len(rows) != count:
         raise SystemExit(f"claimed {len(rows)} of {count} jobs")
     return [Lease(r["id"], r["attempt"], LEASE, r["queue"], r["kind"], deadline=sent + LEASE) for r in rows]

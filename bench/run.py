@@ -237,7 +237,8 @@ class Bench:
         queries = self.pgfence.queries()
         # reclaim false: the claim as a worker sends it but about once a second.
         literals = {"queues": "'{default}'", "batch": str(batch), "worker": "'pgbench'", "lease": "30",
-                    "lease_kinds": "'{}'", "lease_secs": "'{}'", "reclaim": "false", "kinds": "NULL"}
+                    "lease_kinds": "'{}'", "lease_secs": "'{}'", "reclaim": "false", "kinds": "NULL",
+                    "not_kinds": "NULL"}
         if batch == 1:
             select = ("SELECT coalesce(min(id), 0) AS id, coalesce(min(attempt), 0) AS attempt, count(*) AS n "
                       "FROM claimed")

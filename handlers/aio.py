@@ -14,7 +14,7 @@ import os
 import time
 
 from pgfence import AsyncJob, handler
-from pgfence.handlers.builtin import seconds_of
+from pgfence.handlers.payloads import seconds_of
 from pgfence.handlers.tables import INSERT_EFFECT
 
 

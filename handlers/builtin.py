@@ -11,16 +11,9 @@ from __future__ import annotations
 import os
 import time
 
-from pgfence import AsyncJob, Job, PayloadRejected, handler
+from pgfence import Job, handler
+from pgfence.handlers.payloads import seconds_of
 from pgfence.handlers.tables import INSERT_EFFECT
-
-
-def seconds_of(job: Job | AsyncJob, default: float = 0.0) -> float:
-    payload = job.payload if isinstance(job.payload, dict) else {}
-    value = payload.get("seconds", default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise PayloadRejected(f"'seconds' must be a number of seconds >= 0, got {value!r}")
-    return float(value)
 
 
 def work_for(job: Job, seconds: float, *, step: float = 0.05) -> None:

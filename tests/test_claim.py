@@ -17,10 +17,11 @@ from pgfence.worker.loop import Worker
 
 
 def claim_params(worker: str = "sql", *, queues=("default",), batch: int = 1, lease: float = 30.0,
-                 lease_kinds=(), lease_secs=(), reclaim: bool = True, kinds=None) -> dict:
+                 lease_kinds=(), lease_secs=(), reclaim: bool = True, kinds=None, not_kinds=None) -> dict:
     return {"queues": list(queues), "batch": batch, "worker": worker, "lease": lease,
             "lease_kinds": list(lease_kinds), "lease_secs": list(lease_secs), "reclaim": reclaim,
-            "kinds": None if kinds is None else list(kinds)}
+            "kinds": None if kinds is None else list(kinds),
+            "not_kinds": None if not_kinds is None else list(not_kinds)}
 
 
 def clock(conn: psycopg.Connection) -> dt.datetime:
@@ -310,3 +311,9 @@ def test_a_claim_with_kinds_takes_only_those_kinds_queued_or_expired(conn):
 
     rows = conn.execute(q("claim"), claim_params("k3", batch=5, kinds=["sleep", "other"])).fetchall()
     assert [(r[0], r[5], r[14]) for r in rows] == [(sleep, 2, "running")]
+
+    # not_kinds: every kind but those (a worker's threads, unknown kinds included).
+    fail, unknown, sleep2 = enqueue(conn, "fail"), enqueue(conn, "t_nobody_knows"), enqueue(conn, "sleep")
+    rows = conn.execute(q("claim"), claim_params("k4", batch=5, not_kinds=["sleep"])).fetchall()
+    assert sorted(r[0] for r in rows) == [fail, unknown]
+    assert job_row(conn, sleep2)["status"] == "queued"

@@ -11,7 +11,7 @@ from pgfence import AsyncJob, ConfigError, Job, handler, registry
 from pgfence.prefork import proctitle
 from pgfence.settings import ASYNC_CONCURRENCY_MAX, THREADS_MAX, Settings
 from pgfence.worker.aio import BLOCKED_AFTER, EventLoop
-from pgfence.worker.concurrent import ConcurrentWorker, make_worker
+from pgfence.worker.concurrent import Claim, ConcurrentWorker, make_worker
 from pgfence.worker.loop import Worker
 from pgtools import wait_for
 
@@ -74,7 +74,7 @@ def test_make_worker_picks_the_serial_worker_unless_threads_or_async_handlers():
     assert (worker.threads, worker.async_slots, worker.capacity) == (1, 7, 8)
 
 
-def test_the_claim_plan_takes_the_free_slots_and_only_the_kinds_of_the_side_with_room():
+def test_the_claim_plan_takes_the_free_slots_of_the_roomier_side_first_then_the_other():
     @handler("t_units_sync")
     def sync_kind(job: Job) -> None:
         pass
@@ -83,22 +83,42 @@ def test_the_claim_plan_takes_the_free_slots_and_only_the_kinds_of_the_side_with
     async def async_kind(job: AsyncJob) -> None:
         pass
 
+    aio = ["t_units_aio"]
     worker = ConcurrentWorker(DSN, Settings(renew=False, threads=4, async_concurrency=10))
-    sync_kinds = [s.kind for s in registry.specs() if not s.is_async]
-    assert worker.claim_plan() == (4, None)                      # both sides free: the smaller room
+    # The loop has more room: its kinds first, then every other kind for the threads.
+    assert worker.claim_plan() == [Claim(10, kinds=aio), Claim(4, not_kinds=aio)]
     worker._running = [4, 3]                                     # threads full
-    assert worker.claim_plan() == (7, ["t_units_aio"])
+    assert worker.claim_plan() == [Claim(7, kinds=aio)]
     worker._running = [1, 10]                                    # loop full
-    assert worker.claim_plan() == (3, sync_kinds)
+    assert worker.claim_plan() == [Claim(3, not_kinds=aio)]
+    worker._running = [0, 8]                                     # the threads have more room now
+    assert worker.claim_plan() == [Claim(4, not_kinds=aio), Claim(2, kinds=aio)]
     worker._running = [1, 3]
     worker._held = [1, 0]                                        # a deferred job still holds its place
-    assert worker.claim_plan() == (2, None)
+    assert worker.claim_plan() == [Claim(7, kinds=aio), Claim(2, not_kinds=aio)]
     worker._running, worker._held = [4, 10], [0, 0]
-    assert worker.claim_plan() == (0, ["t_units_aio"])
+    assert worker.claim_plan() == []
 
     capped = ConcurrentWorker(DSN, Settings(renew=False, threads=4, async_concurrency=10, batch=2))
     capped._running = [4, 0]
-    assert capped.claim_plan() == (2, ["t_units_aio"])
+    assert capped.claim_plan() == [Claim(2, kinds=aio)]
+
+
+def test_a_worker_of_one_side_claims_any_kind_into_its_free_slots():
+    threads = ConcurrentWorker(DSN, Settings(renew=False, threads=4))
+    assert threads.claim_plan() == [Claim(4)]
+    threads._running = [4, 0]
+    assert threads.claim_plan() == []
+
+    @handler("t_units_only_aio")
+    async def async_kind(job: AsyncJob) -> None:
+        pass
+
+    for spec in list(registry.specs()):
+        if not spec.is_async:
+            del registry._REGISTRY[spec.kind]
+    loop = ConcurrentWorker(DSN, Settings(renew=False, async_concurrency=50))
+    assert loop.claim_plan() == [Claim(50)]
 
 
 def test_the_event_loop_reports_the_time_it_has_not_turned():

@@ -156,7 +156,7 @@ def terminate(conn, app: str) -> None:
 def claim(conn, worker: str, *, queue: str = "default", lease: float = 30.0) -> list[tuple[int, int, str]]:
     """The real claim query: (id, attempt, prev_status) per claimed job."""
     rows = conn.execute(q("claim"), {"queues": [queue], "batch": 1, "worker": worker, "lease": lease,
-                                     "lease_kinds": [], "lease_secs": [], "reclaim": True, "kinds": None}).fetchall()
+                                     "lease_kinds": [], "lease_secs": [], "reclaim": True, "kinds": None, "not_kinds": None}).fetchall()
     return [(r[0], r[5], r[14]) for r in rows]
 
 

@@ -35,7 +35,7 @@ def claim(conn, worker: str, *, queue: str, lease: float = 30.0, batch: int = 1)
     """Run the real claim query; return (id, attempt, prev_status) per job."""
     rows = conn.execute(q("claim"), {
         "queues": [queue], "batch": batch, "worker": worker, "lease": lease,
-        "lease_kinds": [], "lease_secs": [], "reclaim": True, "kinds": None,
+        "lease_kinds": [], "lease_secs": [], "reclaim": True, "kinds": None, "not_kinds": None,
     }).fetchall()
     return sorted((r[0], r[5], r[14]) for r in rows)
 
@@ -606,7 +606,7 @@ def test_renewal_looks_leases_up_by_primary_key_even_with_stale_statistics(conn)
     conn.execute("SELECT count(pgfence.enqueue('noop', '{}')) FROM generate_series(1, 30000)")
     conn.execute("ANALYZE pgfence.jobs")          # every row queued, as far as the planner knows
     rows = conn.execute(q("claim"), {"queues": ["default"], "batch": 500, "worker": "stale", "lease": 30.0,
-                                     "lease_kinds": [], "lease_secs": [], "reclaim": True, "kinds": None}).fetchall()
+                                     "lease_kinds": [], "lease_secs": [], "reclaim": True, "kinds": None, "not_kinds": None}).fetchall()
     params = {"ids": [r[0] for r in rows], "attempts": [r[5] for r in rows], "leases": [30.0] * len(rows)}
 
     def plan(settings: bool) -> list[str]:
@@ -655,7 +655,7 @@ def test_renewals_are_hot_updates(conn):
 
     conn.execute("SELECT count(pgfence.enqueue('noop', '{}')) FROM generate_series(1, 3)")
     rows = conn.execute(q("claim"), {"queues": ["default"], "batch": 3, "worker": "hot", "lease": 30.0,
-                                     "lease_kinds": [], "lease_secs": [], "reclaim": True, "kinds": None}).fetchall()
+                                     "lease_kinds": [], "lease_secs": [], "reclaim": True, "kinds": None, "not_kinds": None}).fetchall()
     params = {"ids": [r[0] for r in rows], "attempts": [r[5] for r in rows], "leases": [30.0] * 3}
     # Every version of the three rows fits in their one page, with room to
     # spare: no renewal needs pruning to stay in the page.

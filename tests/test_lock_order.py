@@ -25,7 +25,7 @@ def enqueue(conn, n: int, queue: str = "default") -> list[int]:
 
 def claim_all(conn, n: int, worker: str = "w1") -> list[tuple[int, int]]:
     rows = conn.execute(q("claim"), {"queues": ["default"], "batch": n, "worker": worker, "lease": 30.0,
-                                     "lease_kinds": [], "lease_secs": [], "reclaim": False, "kinds": None}).fetchall()
+                                     "lease_kinds": [], "lease_secs": [], "reclaim": False, "kinds": None, "not_kinds": None}).fetchall()
     return sorted((r[0], r[5]) for r in rows)
 
 

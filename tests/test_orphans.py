@@ -20,7 +20,7 @@ INSTANCE = "0a1b2c3d"
 def claim_as(conn, owner: str, n: int = 1) -> list[tuple[int, int]]:
     rows = conn.execute(q("claim"), {"queues": ["default"], "batch": n, "worker": owner, "lease": 30.0,
                                      "lease_kinds": [], "lease_secs": [], "reclaim": True,
-                                     "kinds": None}).fetchall()
+                                     "kinds": None, "not_kinds": None}).fetchall()
     return [(r[0], r[5]) for r in rows]
 
 

@@ -86,7 +86,7 @@ def test_prune_works_in_batches_oldest_first(conn, monkeypatch):
 
 def explain_claim(conn: psycopg.Connection, batch: int = 5) -> dict:
     params = {"queues": ["default"], "batch": batch, "worker": "explain", "lease": 30.0,
-              "lease_kinds": [], "lease_secs": [], "reclaim": True, "kinds": None}
+              "lease_kinds": [], "lease_secs": [], "reclaim": True, "kinds": None, "not_kinds": None}
     with conn.transaction(force_rollback=True):        # EXPLAIN ANALYZE runs the UPDATE
         return conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + q("claim"), params).fetchone()[0][0]
 

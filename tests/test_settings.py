@@ -214,5 +214,5 @@ def test_example_handlers_import_only_the_public_api():
                                                  or n.startswith("pgfence.handlers.")))
            for name, names in found.items()}
     assert {name: names for name, names in bad.items() if names} == {}
-    assert found["builtin.py"] == {"pgfence:AsyncJob", "pgfence:Job", "pgfence:PayloadRejected", "pgfence:handler",
+    assert found["builtin.py"] == {"pgfence:Job", "pgfence:handler", "pgfence.handlers.payloads:seconds_of",
                                    "pgfence.handlers.tables:INSERT_EFFECT"}

@@ -18,8 +18,10 @@
 -- are read, for expired leases, only when the worker asks (%(reclaim)s,
 -- about once a second): with it false PostgreSQL skips that scan.  Each
 -- queue's heads are then merged.  %(kinds)s, when not NULL, limits the
--- claim to those kinds: a worker whose threads are all busy while its event
--- loop has room claims only async kinds, and the other way round.
+-- claim to those kinds, and %(not_kinds)s to the others: a worker that runs
+-- both def and async def handlers claims for its event loop's free slots
+-- only async kinds, and for its threads' only the other kinds (unknown
+-- kinds included, which a thread puts back).
 WITH candidates AS (
     SELECT c.*
       FROM unnest(%(queues)s::text[]) AS wanted(queue)
@@ -30,6 +32,7 @@ WITH candidates AS (
               FROM pgfence.jobs
              WHERE queue = wanted.queue AND status = 'queued' AND run_at <= now()
                AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+               AND (%(not_kinds)s::text[] IS NULL OR kind <> ALL(%(not_kinds)s::text[]))
              ORDER BY priority DESC, run_at, id
              LIMIT %(batch)s
                FOR UPDATE SKIP LOCKED) AS queued
@@ -41,6 +44,7 @@ WITH candidates AS (
              WHERE %(reclaim)s::boolean
                AND queue = wanted.queue AND status = 'running' AND lease_until < now()
                AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+               AND (%(not_kinds)s::text[] IS NULL OR kind <> ALL(%(not_kinds)s::text[]))
              ORDER BY priority DESC, run_at, id
              LIMIT %(batch)s
                FOR UPDATE SKIP LOCKED) AS expired

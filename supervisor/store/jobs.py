@@ -62,15 +62,15 @@ def _claim_order(row: Claimed) -> tuple[int, datetime.datetime, int]:
 
 def claim(conn: psycopg.Connection, *, queues: Sequence[str], batch: int, worker: str, lease: float,
           lease_kinds: list[str], lease_secs: list[float], reclaim: bool,
-          kinds: list[str] | None = None) -> list[Claimed]:
+          kinds: list[str] | None = None, not_kinds: list[str] | None = None) -> list[Claimed]:
     """Claim up to ``batch`` jobs of ``queues`` for ``worker``, in claim order
     (priority DESC, run_at, id).  ``lease_kinds``/``lease_secs`` give the
     lease of the kinds that have their own; ``reclaim`` also takes running
     jobs whose lease ran out; ``kinds`` (None: any kind) limits the claim
-    to those kinds."""
+    to those kinds, ``not_kinds`` (None: none) to the other kinds."""
     params = {"queues": list(queues), "batch": batch, "worker": worker, "lease": lease,
               "lease_kinds": lease_kinds, "lease_secs": lease_secs, "reclaim": reclaim,
-              "kinds": kinds}
+              "kinds": kinds, "not_kinds": not_kinds}
     make = Claimed._make
     rows = [make(row) for row in conn.execute(q("claim"), params).fetchall()]
     # UPDATE ... RETURNING has no guaranteed order: the batch runs in the

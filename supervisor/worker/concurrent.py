@@ -64,6 +64,16 @@ TEND_EVERY = 0.1
 Title = Callable[[int, int, JobBase | None], None]
 
 
+@dataclass(frozen=True)
+class Claim:
+    """One claim to try: up to ``size`` jobs, of ``kinds`` only (None: any)
+    or of every kind but ``not_kinds``."""
+
+    size: int
+    kinds: list[str] | None = None
+    not_kinds: list[str] | None = None
+
+
 @dataclass(eq=False)
 class Flight:
     """A job in flight."""
@@ -172,21 +182,22 @@ class ConcurrentWorker(Worker):
             return (self.threads - self._running[0] - self._held[0],
                     self.async_slots - self._running[1] - self._held[1])
 
-    def claim_plan(self) -> tuple[int, list[str] | None]:
-        """How many jobs the next claim takes, and of which kinds (None:
-        any).  With both threads and a loop, a side that is full makes the
-        claim take the other side's kinds only."""
+    def claim_plan(self) -> list[Claim]:
+        """The claims to try, in turn, until one brings jobs: how many jobs
+        each takes and of which kinds.  A worker with both threads and a
+        loop claims for the side with the more free slots first, that
+        side's kinds only (the threads take every kind but the loop's, so
+        that an unknown kind is still put back), then for the other."""
         free_threads, free_loop = self.free()
         if not self.with_async:
-            return min(self.batch, free_threads), None
+            return [Claim(size) for size in (min(self.batch, free_threads),) if size > 0]
         sync_kinds, async_kinds = self._kinds
         if not sync_kinds:
-            return min(self.batch, free_loop), None
-        if free_threads <= 0:
-            return min(self.batch, free_loop), async_kinds
-        if free_loop <= 0:
-            return min(self.batch, free_threads), sync_kinds
-        return min(self.batch, free_threads, free_loop), None
+            return [Claim(size) for size in (min(self.batch, free_loop),) if size > 0]
+        loop = Claim(min(self.batch, free_loop), kinds=async_kinds)
+        threads = Claim(min(self.batch, free_threads), not_kinds=async_kinds)
+        order = [loop, threads] if free_loop >= free_threads else [threads, loop]
+        return [c for c in order if c.size > 0]
 
     # -- running ------------------------------------------------------------------------
 
@@ -419,20 +430,25 @@ class ConcurrentWorker(Worker):
                     if enough():
                         self.recycle_reason = "max_memory"
                         continue
-                size, kinds = self.claim_plan()
+                plan = self.claim_plan()
                 if max_jobs is not None:
                     # Never claim past the job limit: the jobs over it would
                     # run in a child that should already be replaced.
-                    size = min(size, max_jobs - self._dispatched)
-                if size <= 0:
+                    left = max_jobs - self._dispatched
+                    plan = [Claim(min(c.size, left), c.kinds, c.not_kinds) for c in plan if left > 0]
+                if not plan:
                     self._wait_for_slot()
                     continue
                 if time.monotonic() < self._next_claim_at:
                     self._wait(TEND_EVERY / 2)
                     continue
+                jobs = []
                 try:
                     self._release_unreleased()
-                    jobs = self.claim(size, kinds)
+                    for claim in plan:
+                        jobs = self.claim(claim.size, claim.kinds, claim.not_kinds)
+                        if jobs:
+                            break
                 except DatabaseError as exc:
                     log.warning("%s", exc)
                     self._forget_connection(exc)

@@ -189,10 +189,11 @@ class Worker:
 
     # -- claim ----------------------------------------------------------------
 
-    def claim(self, batch: int | None = None, kinds: list[str] | None = None) -> list[Job]:
-        """Claim up to ``batch`` jobs (of ``kinds``, if given); return those
-        to run (a reclaim past its budget comes back failed and is not
-        returned)."""
+    def claim(self, batch: int | None = None, kinds: list[str] | None = None,
+              not_kinds: list[str] | None = None) -> list[Job]:
+        """Claim up to ``batch`` jobs (of ``kinds`` only, or of every kind but
+        ``not_kinds``, if given); return those to run (a reclaim past its
+        budget comes back failed and is not returned)."""
         specs = registry.specs()
         lease_kinds = [s.kind for s in specs if s.lease is not None]
         lease_secs = [float(s.lease) for s in specs if s.lease is not None]
@@ -206,7 +207,8 @@ class Worker:
             rows = store.claim(self.conn, queues=self.settings.queues,
                                batch=batch or self.settings.claim_size(with_async=False),
                                worker=self.name, lease=float(self.settings.lease), lease_kinds=lease_kinds,
-                               lease_secs=lease_secs, reclaim=reclaim, kinds=kinds)
+                               lease_secs=lease_secs, reclaim=reclaim, kinds=kinds,
+                               not_kinds=not_kinds)
         jobs = []
         claimed: dict[tuple[str, str], int] = {}
         waits: dict[tuple[str, str], list[float]] = {}
