@@ -94,8 +94,10 @@ def test_the_claim_plan_takes_the_free_slots_of_the_roomier_side_first_then_the_
     worker._running = [0, 8]                                     # the threads have more room now
     assert worker.claim_plan() == [Claim(4, not_kinds=aio), Claim(2, kinds=aio)]
     worker._running = [1, 3]
-    worker._held = [1, 0]                                        # a deferred job still holds its place
-    assert worker.claim_plan() == [Claim(7, kinds=aio), Claim(2, not_kinds=aio)]
+    worker._held = [4, 0]                # ended, not yet completed: their slots are free again...
+    assert worker.claim_plan() == [Claim(7, kinds=aio), Claim(3, not_kinds=aio)]
+    worker._held = [6, 0]                # ...until completions fall behind by more than the capacity
+    assert worker.claim_plan() == [Claim(7, kinds=aio), Claim(1, not_kinds=aio)]
     worker._running, worker._held = [4, 10], [0, 0]
     assert worker.claim_plan() == []
 

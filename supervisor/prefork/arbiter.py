@@ -184,10 +184,11 @@ class Arbiter:
         # A child that has not ticked for this long gets no renewals.
         self.liveness = max(1.0, 4 * self.tick_interval)
         # Every job a child may hold at once has an entry: a claim takes no
-        # more than the child's free slots, or its batch.
+        # more than the child's free slots, or its batch; a job ended but not
+        # yet completed keeps its entry while its slot takes another.
         with_async = registry.has_async()
         self.table = SlotTable(nslots=max(256, 4 * settings.workers),
-                               njobs=max(16, settings.capacity(with_async), settings.claim_size(with_async)))
+                               njobs=max(16, 2 * settings.capacity(with_async), settings.claim_size(with_async)))
 
     # -- signals -----------------------------------------------------------------
 
@@ -273,13 +274,16 @@ class Arbiter:
             # child may hold beyond it.
             njobs = self.table.njobs
             with_async = registry.has_async()
-            if settings.claim_size(with_async) > njobs or settings.capacity(with_async) > njobs:
-                log.warning("reload: batch, threads and async-concurrency are capped at %d jobs per worker, the "
-                            "size set at start; restart pgfence to raise them", njobs)
-                threads = min(settings.threads, njobs)
+            # (twice the capacity: a job ended but not yet completed keeps
+            # its entry while its slot takes another).
+            most = njobs // 2
+            if settings.claim_size(with_async) > njobs or settings.capacity(with_async) > most:
+                log.warning("reload: threads and async-concurrency are capped at %d jobs per worker and batch at "
+                            "%d, the sizes set at start; restart pgfence to raise them", most, njobs)
+                threads = min(settings.threads, most)
                 settings = settings.replace(
                     batch=None if settings.batch is None else min(settings.batch, njobs), threads=threads,
-                    async_concurrency=max(1, min(settings.async_concurrency, njobs - threads)))
+                    async_concurrency=max(1, min(settings.async_concurrency, most - threads)))
             self.settings = settings
             self.target = settings.workers
         # The re-imported modules are the new children's shared pages.

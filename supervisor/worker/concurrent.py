@@ -28,9 +28,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,8 @@ from pgfence.worker.loop import DEFERRED, DONE, LOST, LeaseTracker, Stats, Worke
 
 log = logging.getLogger("pgfence.worker")
 
+#: The interpreter's thread switch interval in a worker that runs many jobs.
+SWITCH_INTERVAL = 0.001
 #: Threads that write the error reports of async jobs (their writes are
 #: synchronous, on the threads' pool).
 REPORTERS = 2
@@ -118,6 +121,10 @@ class ConcurrentWorker(Worker):
         #: Deferred jobs of the threads and of the loop: still tracked, so
         #: still in their side's count until completed.
         self._held = [0, 0]
+        #: Set when a job ends without writing: the completer's cue.
+        self._completions = threading.Event()
+        self._completer_stop = threading.Event()
+        self._completer: threading.Thread | None = None
         self._dispatched = 0
         self._finished = 0
         self._executor: ThreadPoolExecutor | None = None
@@ -132,11 +139,19 @@ class ConcurrentWorker(Worker):
     def open(self) -> None:
         """The pools, the threads and the loop: after the fork, never before."""
         app = f"pgfence worker {self.name}"
+        # A thread waiting for the GIL waits up to the switch interval (5 ms
+        # by default) while another runs Python: with tens of threads, the
+        # claiming thread, the completer and a job that ends would each lose
+        # up to that much at every hand-over.
+        sys.setswitchinterval(SWITCH_INTERVAL)
         grace = max(1.0, min(10.0, self.settings.lease / 3))
-        self.pool = pools.open_threads_pool(self.dsn, size=self.threads + REPORTERS, application_name=app,
+        # The threads, the reporters of async jobs' errors, the completer.
+        self.pool = pools.open_threads_pool(self.dsn, size=self.threads + REPORTERS + 1, application_name=app,
                                             prepare=self.settings.prepare,
                                             idle_ms=self.settings.idle_in_transaction_ms, timeout=grace)
         self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="pgfence-job")
+        self._completer = threading.Thread(target=self._complete_loop, name="pgfence-completer", daemon=True)
+        self._completer.start()
         if self.with_async:
             self._reporters = ThreadPoolExecutor(REPORTERS, thread_name_prefix="pgfence-report")
             self._loop = EventLoop()
@@ -176,11 +191,15 @@ class ConcurrentWorker(Worker):
                    row.dedupe_key, pool=self.pool, fence=self.settings.fence)
 
     def free(self) -> tuple[int, int]:
-        """Free slots of the threads and of the loop.  A job run but not yet
-        completed (deferred) still holds its lease and its place."""
+        """Free slots of the threads and of the loop."""
         with self._lock:
-            return (self.threads - self._running[0] - self._held[0],
-                    self.async_slots - self._running[1] - self._held[1])
+            # A job whose handler returned frees its slot at once; its
+            # lease (and its entry in the slot table, which has room for
+            # twice the capacity) stays held until the completer's next
+            # statement.  Should completions fall behind by more than the
+            # capacity, the claims wait for them.
+            return (self.threads - self._running[0] - max(0, self._held[0] - self.threads),
+                    self.async_slots - self._running[1] - max(0, self._held[1] - self.async_slots))
 
     def claim_plan(self) -> list[Claim]:
         """The claims to try, in turn, until one brings jobs: how many jobs
@@ -284,6 +303,7 @@ class ConcurrentWorker(Worker):
             if outcome == DEFERRED and not flight.abandoned:
                 self._deferred.append(job)
                 self._held[flight.is_async] += 1
+                self._completions.set()
         metrics.of(metrics.JOBS_IN_FLIGHT, job.queue).dec()
         self._retitle(None)
         self._wake.set()
@@ -302,11 +322,31 @@ class ConcurrentWorker(Worker):
     # -- the claiming thread's rounds -------------------------------------------------------
 
     def _flush(self) -> None:
+        """Complete, in one fenced statement, the jobs that ended without
+        writing."""
         with self._lock:
             done, self._deferred = self._deferred, []
             self._held = [0, 0]
         if done:
             self.complete_deferred(done)  # type: ignore[arg-type]
+
+    def _complete_loop(self) -> None:
+        """The completer thread: completes the jobs that ended without
+        writing as soon as there are any, on a connection of the pool, while
+        the claiming thread claims on its own."""
+        while not self._completer_stop.is_set():
+            self._completions.wait(TEND_EVERY)
+            self._completions.clear()
+            try:
+                self._flush()
+            except Exception as exc:  # noqa: BLE001 - never let the completer die: the leases bring the jobs back
+                log.error("batched completion failed: %s: %s", type(exc).__name__, db.first_line(exc))
+
+    @contextlib.contextmanager
+    def _completion_conn(self) -> Iterator[psycopg.Connection]:
+        assert self.pool is not None
+        with db.translated(self.dsn), self.pool.connection() as conn:
+            yield conn
 
     def _tend(self) -> None:
         """Between claims: cancel async jobs past their timeout, give up
@@ -415,7 +455,6 @@ class ConcurrentWorker(Worker):
                     # that ends, and a look is one lease check per job.
                     self._tend()
                     next_tend = now + TEND_EVERY / 2
-                self._flush()
                 if self.stopping or self.recycle_reason is not None:
                     if self.in_flight() == 0:
                         break
@@ -461,12 +500,16 @@ class ConcurrentWorker(Worker):
                     continue
                 self._maybe_prune()
                 if burst:
-                    if self.in_flight() == 0 and not self._deferred:
+                    if self.in_flight() == 0:
                         break
                     self._wait_for_slot()
                     continue
                 self._next_claim_at = time.monotonic() + self.idle_wait()
         finally:
+            self._completer_stop.set()
+            self._completions.set()
+            if self._completer is not None:
+                self._completer.join(timeout=self.settings.graceful_timeout)
             self._flush_safely()
             self.close()
         return self.stats

@@ -260,6 +260,11 @@ class Worker:
             return
         yield self.conn
 
+    @contextlib.contextmanager
+    def _completion_conn(self) -> Iterator[psycopg.Connection]:
+        """The connection batched completions go on: the worker's own."""
+        yield self.conn
+
     # -- run one job ----------------------------------------------------------
 
     def run_job(self, job: Job, deferred: list[Job] | None = None) -> str:
@@ -300,8 +305,9 @@ class Worker:
         unavailable = False
         try:
             # A deadlock or serialization failure wrote nothing: run again at once.
-            done = db.retrying(lambda: store.complete_many(self.conn, ids, attempts),
-                               self.dsn, what="batched completion")
+            with self._completion_conn() as conn:
+                done = db.retrying(lambda: store.complete_many(conn, ids, attempts),
+                                   self.dsn, what="batched completion")
         except DatabaseError as exc:
             # Not known to be refused: the jobs stay running and are reclaimed
             # when their leases run out.
