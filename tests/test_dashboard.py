@@ -136,7 +136,8 @@ def test_panel_ids_and_grid(dashboard):
 
 def test_rows(dashboard):
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
-    assert rows == ["Reclaims & safety", "Throughput", "Wait and run time", "Queues", "Workers", "Heartbeat"]
+    assert rows == ["Reclaims & safety", "Throughput", "Wait and run time", "Queues", "Workers", "Saturation",
+                    "Heartbeat"]
 
 
 def test_variables(dashboard):

@@ -110,6 +110,14 @@ def test_dashboard_panels_show_one_reclaim_and_one_fenced_rejection(dsn, conn, r
         assert value(url, expr) > 0, title
     # Panels about throughput and workers have data.
     assert value(url, panels["Live workers"][0]) == 2
+    # The saturation row: two one-job workers are a capacity of 2; once both
+    # are idle again, nothing is in flight and both slots are free.
+    assert value(url, panels["Jobs in flight by queue, and capacity"][1]) == 2
+    wait_for(lambda: value(url, panels["Free slots now"][0]) == 2
+             and value(url, panels["Saturation now"][0]) == 0
+             and value(url, panels["Jobs in flight by queue, and capacity"][0]) == 0,
+             timeout=30, message="both workers idle on the saturation panels")
+    assert query(url, panels["Saturation by instance (in flight / capacity)"][0])
     assert round(value(url, panels["Claimed and completed /s by queue"][1].replace("[15s]", "[1m]")) * 60) >= 1
     # The alert on prevented double runs fires within its evaluation.
     wait_for(lambda: any(a["labels"]["alertname"] == "PgfenceDoubleRunPrevented"
