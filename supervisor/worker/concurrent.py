@@ -41,7 +41,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgfence import errortext, registry
 from pgfence.asyncjob import AsyncJob
-from pgfence.errors import DatabaseError, DatabaseUnavailable, LeaseLost
+from pgfence.errors import DatabaseError, LeaseLost
 from pgfence.job import Job, JobBase, RawJSON
 from pgfence.observe import metrics
 from pgfence.settings import Settings
@@ -524,15 +524,6 @@ class ConcurrentWorker(Worker):
             self._flush_safely()
             self.close()
         return self.stats
-
-    def _release_unreleased(self) -> None:
-        pending, self._unreleased = self._unreleased, []
-        for job in pending:
-            if self.release(job, retry_later=True):
-                log.info("job %s attempt %s released after the outage that lost its lease", job.id, job.attempt)
-        if self._unreleased:
-            raise DatabaseUnavailable(f"{len(self._unreleased)} job(s) whose lease an outage lost are still to be "
-                                      "released; claiming after that")
 
     def _flush_safely(self) -> None:
         try:

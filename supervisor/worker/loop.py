@@ -550,15 +550,9 @@ class Worker:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def run_once(self) -> int:
-        """Claim one batch and run it; return how many jobs were claimed.
-
-        In a batch, jobs whose handlers wrote nothing are completed together
-        in one fenced statement, at the end of the batch or, between jobs,
-        once the oldest has waited ``DEFER_MAX`` seconds.  Their leases stay
-        held (and renewed) until then, so the wait costs latency, never
-        safety; batches are for quick jobs.
-        """
+    def _release_unreleased(self) -> None:
+        """Release the jobs whose leases an outage lost, now that the
+        database answers; DatabaseUnavailable while any is left."""
         pending, self._unreleased = self._unreleased, []
         for job in pending:
             if self.release(job, retry_later=True):
@@ -569,6 +563,17 @@ class Worker:
             # database answers again, and count it against max_reclaims.
             raise DatabaseUnavailable(f"{len(self._unreleased)} job(s) whose lease an outage lost are still to be "
                                       "released; claiming after that")
+
+    def run_once(self) -> int:
+        """Claim one batch and run it; return how many jobs were claimed.
+
+        In a batch, jobs whose handlers wrote nothing are completed together
+        in one fenced statement, at the end of the batch or, between jobs,
+        once the oldest has waited ``DEFER_MAX`` seconds.  Their leases stay
+        held (and renewed) until then, so the wait costs latency, never
+        safety; batches are for quick jobs.
+        """
+        self._release_unreleased()
         jobs = self.claim()
         if jobs:
             # Work found: the next step is another claim, whose snapshot sees
