@@ -561,7 +561,6 @@ def test_sighup_lets_the_old_child_finish_its_eight_jobs(dsn, conn, supervisors)
     assert "lost its lease" not in log and "killing it" not in log, log
 
 
-
 # -- 7. jobs that write nothing, ending faster than they are completed ----------------------
 
 
@@ -586,3 +585,41 @@ def test_short_jobs_that_write_nothing_never_overfill_the_childs_lease_table(dsn
     started, restarts, _rounds, _statements = final_stats(log)
     assert (started, restarts) == (1, 0), log
     assert problems(log) == [], log
+
+
+# -- 8. a stopped child is not a blocked event loop ---------------------------------------------
+
+
+def test_a_stopped_child_is_not_reported_as_a_blocked_event_loop(dsn, conn, supervisors):
+    """A child with an event loop, running 200 async jobs and 2 threaded ones,
+    stopped (SIGSTOP) five times for 1.5 s, resumed each time: its loop
+    stood still only because the whole process did.  No WARNING says the
+    loop was blocked, event_loop_blocked_total stays 0, and the child's jobs
+    all end on their first attempt (the load test's stop fault logged
+    `event loop ... blocked for 4.9s ... by code outside any job` for the
+    children it resumed, whenever the claiming thread looked at the loop
+    before the loop's own first turn: on resume the loop first runs the
+    timers of the jobs that fell due while it was stopped, 200 here, and
+    the claiming thread gets the interpreter in between)."""
+    sup, port = start(supervisors, workers=1, threads=2, async_concurrency=200, handlers=f"{SYNC},{ASYNC}",
+                      lease=30)
+    [p] = sup.wait_workers(1)
+    ids = enqueue_many(conn, "c_async_effect", 200, '{"seconds": 12}') + enqueue_many(conn, "c_effect", 2,
+                                                                                         '{"seconds": 12}')
+    sup.wait(lambda: held_by(conn, ids, p), 20, "the 202 jobs running in the one child")
+    for _ in range(5):
+        os.kill(p, signal.SIGSTOP)
+        stopped = time.monotonic()
+        sup.wait(lambda: state(p) == "T", 5, "the child stopped")
+        # Longer than a loop may stand still before it is reported (1 s).
+        sup.wait(lambda: time.monotonic() - stopped >= 1.5, 10, "1.5 s stopped")
+        os.kill(p, signal.SIGCONT)
+        resumed = time.monotonic()
+        sup.wait(lambda: state(p) != "T", 5, "the child running")
+        # Its claiming thread looks at the loop every 50 ms.
+        sup.wait(lambda: time.monotonic() - resumed >= 0.5, 10, "the child running half a second")
+    sup.wait(lambda: done(conn, ids), 40, "the 202 jobs done")
+    assert rows(conn, ids) == [(i, "done", 1, 0, None) for i in ids]
+    assert metric(port, "pgfence_event_loop_blocked_total") == 0, sup.log()
+    log = stop(sup)
+    assert "blocked for" not in log, log

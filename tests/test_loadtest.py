@@ -285,19 +285,54 @@ def test_the_proxy_forwards_knows_its_backends_and_blackholes_a_link(dsn):
 def test_the_mix_is_split_exactly_by_largest_remainder():
     from pgfence.tools.loadtest.mix import allocate
 
+    none = {"asleep": 0, "aeffect": 0}
     assert allocate(150, {"noop": 40, "sleep": 30, "fail": 10, "effect": 10, "receipt": 10}) == {
-        "noop": 60, "sleep": 45, "fail": 15, "effect": 15, "receipt": 15}
+        "noop": 60, "sleep": 45, "fail": 15, "effect": 15, "receipt": 15, **none}
     assert allocate(7, {"noop": 1, "sleep": 1, "fail": 1}) == {
-        "noop": 3, "sleep": 2, "fail": 2, "effect": 0, "receipt": 0}
-    assert allocate(1, {"receipt": 3, "effect": 1}) == {"noop": 0, "sleep": 0, "fail": 0, "effect": 0, "receipt": 1}
+        "noop": 3, "sleep": 2, "fail": 2, "effect": 0, "receipt": 0, **none}
+    assert allocate(1, {"receipt": 3, "effect": 1}) == {
+        "noop": 0, "sleep": 0, "fail": 0, "effect": 0, "receipt": 1, **none}
+    assert allocate(300, {"noop": 20, "sleep": 20, "asleep": 20, "effect": 15, "aeffect": 15, "fail": 10}) == {
+        "noop": 60, "sleep": 60, "fail": 30, "effect": 45, "receipt": 0, "asleep": 60, "aeffect": 45}
+
+
+def test_async_jobs_load_the_async_handlers_and_draw_their_seconds_like_sleep():
+    """asleep/aeffect run async_sleep/async_effect (pgfence.handlers.aio,
+    loaded only when the mix has them), with `seconds` drawn as for sleep
+    and effect: the same seeded draws, cut at --sleep-max."""
+    import random
+
+    from pgfence.handlers.payloads import seconds_of
+    from pgfence.tools.loadtest.mix import handler_modules, make_jobs
+
+    assert handler_modules({"noop": 1, "effect": 1}) == ["pgfence.handlers.builtin", "pgfence.handlers.receipts"]
+    assert handler_modules({"noop": 1, "asleep": 0}) == ["pgfence.handlers.builtin", "pgfence.handlers.receipts"]
+    assert handler_modules({"aeffect": 1}) == ["pgfence.handlers.builtin", "pgfence.handlers.receipts",
+                                               "pgfence.handlers.aio"]
+    counts = {"sleep": 200, "effect": 200, "asleep": 200, "aeffect": 200}
+    specs = make_jobs(counts, random.Random(4), sleep_mean=0.4, sleep_max=1.5)
+    kinds = {s.mix: s.kind for s in specs}
+    assert kinds == {"sleep": "sleep", "effect": "effect", "asleep": "async_sleep", "aeffect": "async_effect"}
+    for name in counts:
+        seconds = [s.payload["seconds"] for s in specs if s.mix == name]
+        assert all(0 <= x <= 1.5 for x in seconds) and max(seconds) == 1.5, name
+        assert 0.25 < sum(seconds) / len(seconds) < 0.5, name
+        assert {(s.max_attempts, s.max_reclaims) for s in specs if s.mix == name} == {(10, 8)}
+    # The payload the handlers read: what they would wait.
+    from types import SimpleNamespace
+
+    spec = next(s for s in specs if s.mix == "aeffect")
+    assert seconds_of(SimpleNamespace(payload=spec.payload)) == spec.payload["seconds"]  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("args, message", [
     (["--jobs", "0"], "invalid --jobs: must be from 1 to 10000000, got 0"),
     (["--jobs", "many"], "invalid --jobs: expected a whole number, got 'many'"),
     (["--supervisors", "0"], "invalid --supervisors: must be from 1 to 64, got 0"),
-    (["--mix", "noop=1,bogus=2"], "invalid --mix: unknown job type 'bogus' (known: noop, sleep, fail, effect, receipt)"),
-    (["--mix", "noop"], "invalid --mix: 'noop' is not NAME=WEIGHT (names: noop, sleep, fail, effect, receipt)"),
+    (["--mix", "noop=1,bogus=2"],
+     "invalid --mix: unknown job type 'bogus' (known: noop, sleep, fail, effect, receipt, asleep, aeffect)"),
+    (["--mix", "noop"],
+     "invalid --mix: 'noop' is not NAME=WEIGHT (names: noop, sleep, fail, effect, receipt, asleep, aeffect)"),
     (["--mix", "noop=0"], "invalid --mix: give at least one job type a positive weight"),
     (["--mix", "noop=-1"], "invalid --mix: the weight of 'noop' must be 0 or more, got -1"),
     (["--faults", "stop,explode"],
@@ -305,6 +340,13 @@ def test_the_mix_is_split_exactly_by_largest_remainder():
       "all, none)")),
     (["--sleep-mean", "3", "--sleep-max", "1"], "invalid --sleep-mean: 3s is longer than --sleep-max (1s)"),
     (["--lease", "0.1"], "invalid --lease: must be at least 0.5 seconds, got '0.1'"),
+    (["--threads", "0"], "invalid --threads: must be from 1 to 1000, got 0"),
+    (["--threads", "1001"], "invalid --threads: must be from 1 to 1000, got 1001"),
+    (["--threads", "eight"], "invalid --threads: expected a whole number, got 'eight'"),
+    (["--async-concurrency", "0"], "invalid --async-concurrency: must be from 1 to 10000, got 0"),
+    (["--async-concurrency", "10001"], "invalid --async-concurrency: must be from 1 to 10000, got 10001"),
+    (["--async-concurrency", "1.5"], "invalid --async-concurrency: expected a whole number, got '1.5'"),
+    (["--batch", "0"], "invalid --batch: must be from 1 to 1000, got 0"),
     (["--timeout", "soon"], "invalid --timeout: expected seconds (like 30, 30s, 5m, 7d), got 'soon'"),
     (["--embedded", "--dsn", "postgresql://postgres@127.0.0.1/x"], "give --embedded or --dsn, not both"),
     (["--dsn", "postgresql://postgres@db.example.com/x"],
@@ -332,3 +374,123 @@ def test_through_pgbouncer_in_transaction_pooling(backend, dsn):
                             dsn=dsn, timeout=250)
     assert report["config"]["pgbouncer"] is True
     assert_faulty_run_passed(proc, report, restart=False)
+
+
+# -- many jobs per worker: threads and an async mix ------------------------------------------
+
+CONCURRENT_MIX = "noop=20,sleep=20,asleep=20,effect=15,aeffect=15,fail=10"
+
+
+def concurrent_expected(total: int) -> dict:
+    """by_mix of CONCURRENT_MIX for 100 x n jobs: every job in its final state."""
+    n = total // 100
+    counts = {"noop": 20 * n, "sleep": 20 * n, "fail": 10 * n, "effect": 15 * n, "asleep": 20 * n,
+              "aeffect": 15 * n}
+    return {name: {"count": c, "expected": "failed" if name == "fail" else "done",
+                   "states": {"failed" if name == "fail" else "done": c}} for name, c in counts.items()}
+
+
+def assert_effects_once(conn, queue: str, per_kind: int) -> None:
+    """Each effect and async_effect job done, with exactly one effect row
+    committed by the attempt that completed it."""
+    rows = conn.execute(
+        "SELECT j.kind, j.id, j.attempt, count(t.id), min(t.attempt) FROM pgfence.jobs j "
+        "LEFT JOIN pgfence_examples.effects t ON t.job_id = j.id WHERE j.queue = %s "
+        "AND j.kind IN ('effect', 'async_effect') GROUP BY j.kind, j.id, j.attempt", (queue,)).fetchall()
+    assert sorted({kind for kind, *_ in rows}) == ["async_effect", "effect"]
+    for kind in ("effect", "async_effect"):
+        mine = [r for r in rows if r[0] == kind]
+        assert len(mine) == per_kind, kind
+        assert [r for r in mine if r[3] != 1 or r[4] != r[2]] == [], kind
+    # No effect row of the run's jobs but theirs.
+    assert scalar(conn, "SELECT count(*) FROM pgfence_examples.effects t JOIN pgfence.jobs j ON j.id = t.job_id "
+                        "WHERE j.queue = %s", (queue,)) == 2 * per_kind
+
+
+@pytest.mark.timeout(90)
+def test_a_fault_free_run_with_threads_and_async_jobs_hands_nothing_over(backend, dsn, conn):
+    """2 workers of 4 threads and a 20-slot event loop each, the async mix:
+    every job once (the fail jobs twice: they raise), effect rows once."""
+    if backend[0] != FIRST_BACKEND:
+        pytest.skip(f"one backend is enough; it runs on {FIRST_BACKEND}")
+    proc, report = loadtest("--jobs", "300", "--supervisors", "1", "--workers", "2", "--threads", "4",
+                            "--async-concurrency", "20", "--mix", CONCURRENT_MIX, "--sleep-mean", "0.05",
+                            "--sleep-max", "0.3", "--lease", "3", "--seed", "31", "--faults", "none",
+                            "--timeout", "60", "--json", dsn=dsn)
+    assert failed_checks(report) == [], json.dumps(report["audit"], indent=2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    config = report["config"]
+    assert (config["threads"], config["async_concurrency"], config["capacity"], config["batch"]) == (4, 20, 24, None)
+    assert report["summary"]["by_mix"] == concurrent_expected(300)
+    assert report["summary"]["ended"] == 300
+    assert report["database"] == {"reclaims": 0, "attempts": 330, "extra_attempts": 30, "failed_at_claim": 0}
+    metrics = report["metrics"]
+    assert (metrics["reclaims_total"], metrics["double_run_prevented_total"], metrics["worker_restarts_total"]) == (
+        0, 0, 0)
+    assert metrics["jobs_claimed_total"] == 330
+    assert sum(metrics["lease_lost_total"].values()) == 0
+    checks = {c["name"]: c for c in report["audit"]["checks"]}
+    assert checks["extra attempts explained"]["unexplained_count"] == 0
+    assert checks["no deadlocks"]["deadlocks"] == 0
+    queue = report["queue"]
+    assert_effects_once(conn, queue, 45)
+    rows = conn.execute("SELECT kind, status, count(*) FROM pgfence.jobs WHERE queue = %s GROUP BY kind, status "
+                        "ORDER BY kind, status", (queue,)).fetchall()
+    assert rows == [("async_effect", "done", 45), ("async_sleep", "done", 60), ("effect", "done", 45),
+                    ("fail", "failed", 30), ("noop", "done", 60), ("sleep", "done", 60)]
+    assert report["_test_elapsed"] < 45
+
+
+CONCURRENT_FAULTY_RUN = ["--jobs", "200", "--supervisors", "2", "--workers", "2", "--threads", "4",
+                         "--async-concurrency", "20", "--mix", CONCURRENT_MIX, "--lease", "2", "--sleep-mean", "0.3",
+                         "--sleep-max", "1.5", "--faults", "all", "--fault-interval", "1.2", "--timeout", "80",
+                         "--json"]
+
+
+def assert_concurrent_faulty_run_passed(proc, report, conn, *, restart: bool) -> None:
+    assert failed_checks(report) == [], json.dumps(report["audit"], indent=2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["audit"]["passed"] is True and report["timed_out"] is False
+    assert report["config"]["capacity"] == 24
+    assert report["summary"]["by_mix"] == concurrent_expected(200)
+    assert report["summary"]["ended"] == 200
+    injected = report["faults"]["injected"]
+    assert [f for f in FAULTS if injected[f] >= 1] == (FAULTS if restart else FAULTS[:-1]), injected
+    # Each signal hit a whole child: its title said how many jobs it held.
+    for event in report["faults"]["events"]:
+        if event["fault"] in ("stop", "kill"):
+            assert isinstance(event["jobs"], int) and 0 <= event["jobs"] <= 24, event
+    metrics = report["metrics"]
+    assert metrics["worker_restarts_total"] >= injected["kill"]
+    assert metrics["reclaims_total"] <= report["database"]["reclaims"]
+    assert metrics["lease_lost_total"].get("fence_rejected", 0) <= metrics["double_run_prevented_total"]
+    effects = next(c for c in report["audit"]["checks"] if c["name"] == "effects committed once")
+    assert (effects["duplicates"], effects["missing"]) == ([], [])
+    if conn is not None:
+        assert_effects_once(conn, report["queue"], 30)
+
+
+@pytest.mark.timeout(150)
+def test_every_fault_with_threads_and_async_jobs_passes_the_audit(backend, dsn, conn):
+    """Threads and an event loop in every child, every fault but the
+    restart: a SIGSTOP or SIGKILL takes all of a child's jobs at once, and
+    still each effect commits exactly once and every job ends as its mix
+    says."""
+    if backend[0] != "server":
+        pytest.skip("the test server over TCP; the --embedded run covers the restart")
+    proc, report = loadtest("--seed", "32", *CONCURRENT_FAULTY_RUN, dsn=dsn)
+    assert_concurrent_faulty_run_passed(proc, report, conn, restart=False)
+    assert report["_test_elapsed"] < 100
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(260)
+def test_every_fault_with_threads_and_async_jobs_on_a_server_the_loadtest_owns_passes_the_audit():
+    """The same with --embedded, so the server restart too (every pool
+    connection of every child broken at once).  Faults every 1.2 s, a restart
+    among them every six or so, slow the jobs down: the deadline is longer."""
+    run = [*CONCURRENT_FAULTY_RUN]
+    run[run.index("--timeout") + 1] = "150"
+    proc, report = loadtest("--embedded", "--seed", "33", *run, timeout=230)
+    assert_concurrent_faulty_run_passed(proc, report, None, restart=True)
+    assert report["faults"]["server_restarts"] == report["faults"]["injected"]["restart"] >= 1

@@ -139,3 +139,45 @@ def test_an_unprotected_run_renews_no_lease_so_its_reclaims_are_explained_by_des
     assert result["detail"] == ("1 job(s) reclaimed or run again without their handler raising, 1 of them in the "
                                 "window of a fault, 0 not (no fault was injected; unprotected: no lease is renewed, "
                                 "so each is explained)")
+
+
+# -- many jobs per worker ---------------------------------------------------------------
+
+
+def counters(reclaims: int = 0, restarts: int = 0, prevented: int = 0) -> dict:
+    return {"reclaims_total": reclaims, "worker_restarts_total": restarts, "double_run_prevented_total": prevented,
+            "lease_lost_total": {}}
+
+
+def test_a_killed_child_that_held_many_jobs_may_leave_that_many_reclaims_uncounted():
+    """A SIGKILLed child of 8 threads and a 16-slot loop held up to twice its
+    capacity (48) leases: the heartbeat manager's release of all of them
+    raises jobs.reclaims without pgfence_reclaims_total.  With `held` 48 the
+    bound allows it; the bound of a one-job child (batch 1) does not."""
+    jobs = [job(i, attempt=2, reclaims=1, at=6.0) for i in range(1, 49)]
+    ev = evidence(jobs, dict.fromkeys(range(1, 49), "asleep"), events=[{"t": 5.0, "fault": "kill"}])
+    ev.batch, ev.metrics = 24, counters(reclaims=0, restarts=1)
+    ev.held = 48
+    result = check(ev, "reclaims counter")
+    assert (result["passed"], result["low"], result["high"]) == (True, 0, 48)
+    assert result["detail"] == ("pgfence_reclaims_total 0; sum(jobs.reclaims) 48; allowed 0..48 (held 48 x 1 worker "
+                                "restarts + batch 24 x 0 broken connections)")
+    ev.batch, ev.held = 1, 0
+    assert check(ev, "reclaims counter")["passed"] is False
+    assert check(ev, "extra attempts explained")["passed"] is True
+
+
+def test_aeffect_rows_are_audited_as_effect_rows():
+    """The async effect writes into the same table: a second row of an
+    aeffect job is a double commit, and a done aeffect job needs its row."""
+    jobs = [job(1), job(2), job(3)]
+    mixes = {1: "effect", 2: "aeffect", 3: "aeffect"}
+    row = {"attempt": 1, "worker": "7"}
+    ev = evidence(jobs, mixes)
+    ev.effects = {1: [{"id": 10, **row}], 2: [{"id": 11, **row}], 3: [{"id": 12, **row}]}
+    assert check(ev, "effects committed once")["passed"] is True
+    ev.effects = {1: [{"id": 10, **row}], 2: [{"id": 11, **row}, {"id": 13, **row, "attempt": 2}]}
+    result = check(ev, "effects committed once")
+    assert result["passed"] is False
+    assert result["duplicates"] == [{"job": 2, "rows": [11, 13], "attempts": [1, 2], "workers": ["7", "7"]}]
+    assert result["missing"] == [3]

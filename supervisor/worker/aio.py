@@ -63,9 +63,12 @@ class EventLoop:
         """Call ``func(*args)`` on the loop's thread, soon."""
         self.loop.call_soon_threadsafe(func, *args)
 
-    def silent_for(self, now: float | None = None) -> float:
-        """Seconds since the loop last turned, beyond one beat."""
-        return max(0.0, (time.monotonic() if now is None else now) - self.pulse - BEAT)
+    def silent_for(self, now: float | None = None, *, since: float | None = None) -> float:
+        """Seconds since the loop last turned, beyond one beat; counted from
+        ``since`` at the earliest (a time from which on the loop's silence
+        means something)."""
+        start = self.pulse if since is None else max(self.pulse, since)
+        return max(0.0, (time.monotonic() if now is None else now) - start - BEAT)
 
     def running_task(self) -> asyncio.Task[Any] | None:
         """The task the loop is running now (the one that blocks it, when

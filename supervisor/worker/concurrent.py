@@ -135,6 +135,10 @@ class ConcurrentWorker(Worker):
         self._loop: EventLoop | None = None
         self._apool: AsyncConnectionPool | None = None
         self._blocked_reported = False
+        #: When the claiming thread last looked at the loop, and since when
+        #: the loop's silence counts (see _watch_loop).
+        self._watched_at: float | None = None
+        self._watch_from = 0.0
         self._next_claim_at = 0.0
 
     # -- start and stop -----------------------------------------------------------
@@ -404,7 +408,16 @@ class ConcurrentWorker(Worker):
     def _watch_loop(self, now: float) -> None:
         if self._loop is None:
             return
-        silent = self._loop.silent_for(now)
+        previous, self._watched_at = self._watched_at, now
+        if previous is not None and now - previous > BLOCKED_AFTER:
+            # This thread did not look for that long either: the whole
+            # process stood still (SIGSTOP, a suspended machine) or this
+            # thread waited on the database.  The loop was not seen blocked
+            # meanwhile, and after a resume this thread may look before the
+            # loop's first turn (which runs the timers that fell due while
+            # stopped): its silence counts from now.
+            self._watch_from = now
+        silent = self._loop.silent_for(now, since=self._watch_from)
         if silent <= BLOCKED_AFTER:
             self._blocked_reported = False
             return

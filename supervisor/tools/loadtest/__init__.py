@@ -19,6 +19,11 @@ Examples::
     # every fault, its own throwaway server (so the restart fault too)
     pgfence loadtest --embedded --jobs 2000 --faults all --fault-interval 3 --seed 1
 
+    # many jobs per worker: 8 threads and a 50-slot event loop per child,
+    # async jobs in the mix, every fault
+    pgfence loadtest --threads 8 --async-concurrency 50 --faults all \
+        --mix noop=20,sleep=20,asleep=20,effect=15,aeffect=15,fail=10
+
     # the large run: 256 workers through PgBouncer in transaction pooling
     # (Debian: apt-get install pgbouncer), a chart of it
     pgfence loadtest --dsn postgresql://postgres@127.0.0.1/app --pgbouncer \

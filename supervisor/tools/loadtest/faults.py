@@ -10,8 +10,11 @@ seeded from the same seed, picks among them); a fault that finds nothing to
 hit is tried again a quarter second later.
 
 - ``stop``: SIGSTOP of a worker child (one running a job if any), for 1.5 to
-  2.5 leases, then SIGCONT;
-- ``kill``: SIGKILL of a worker child (one running a job if any);
+  2.5 leases, then SIGCONT; a child that runs many jobs at once (threads, an
+  event loop) stops with all of them, and the event records how many its
+  title showed (``jobs``);
+- ``kill``: SIGKILL of a worker child (one running a job if any), with
+  every job it holds;
 - ``kill-heartbeat``: SIGKILL of a supervisor's heartbeat manager;
 - ``terminate``: ``pg_terminate_backend`` of a quarter of the worker
   connections (at least one) and of one heartbeat connection, chosen among
@@ -40,7 +43,12 @@ from pgfence.tools.loadtest.fleet import Fleet
 from pgfence.tools.loadtest.proxy import Proxy
 from pgfence.tools.loadtest.server import Server
 
-WORKER_TITLE = re.compile(r"^pgfence worker (\d+) (idle|(\S+) job (\d+) attempt (\d+))$")
+#: ``pgfence worker 3 idle``, ``pgfence worker 3 send_receipt job 42 attempt 1``;
+#: a child that runs many jobs: ``pgfence worker 3 [5/32 jobs] sleep job 42
+#: attempt 1`` (the job started last), ``pgfence worker 3 [5/32 jobs]``,
+#: ``pgfence worker 3 [0/32 jobs] idle``.
+WORKER_TITLE = re.compile(r"^pgfence worker (?P<number>\d+)(?: \[(?P<busy>\d+)/(?P<capacity>\d+) jobs\])?"
+                          r"(?: idle| (?P<kind>\S+) job (?P<job>\d+) attempt (?P<attempt>\d+))?$")
 RETRY = 0.25
 
 RESTART_SKIPPED = "the load test does not control the server (run with --embedded)"
@@ -115,16 +123,28 @@ class Faults:
     def _worker(self) -> tuple[int, int, str] | None:
         found = [(s.index, pid, t) for s in self.fleet.supervisors if s.alive()
                  for pid, t in s.workers() if pid not in self._stopped]
-        busy = [w for w in found if " job " in w[2]]
+        busy = [w for w in found if self._busy(w[2])]
         pool = busy or found
         return self.targets.choice(pool) if pool else None
 
     @staticmethod
-    def _job_of(title: str) -> dict[str, Any]:
+    def _busy(title: str) -> bool:
         m = WORKER_TITLE.match(title)
-        if m and m.group(4):
-            return {"kind": m.group(3), "job": int(m.group(4)), "attempt": int(m.group(5))}
-        return {"job": None}
+        if m is None:
+            return False
+        return int(m["busy"]) > 0 if m["busy"] is not None else m["job"] is not None
+
+    @staticmethod
+    def _job_of(title: str) -> dict[str, Any]:
+        """The job the title names (for a child that runs many, the one it
+        started last) and, for such a child, its jobs in flight."""
+        m = WORKER_TITLE.match(title)
+        out: dict[str, Any] = {"job": None}
+        if m and m["job"]:
+            out = {"kind": m["kind"], "job": int(m["job"]), "attempt": int(m["attempt"])}
+        if m and m["busy"] is not None:
+            out["jobs"] = int(m["busy"])
+        return out
 
     # -- the faults ----------------------------------------------------------------------
 

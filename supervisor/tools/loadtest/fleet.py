@@ -27,9 +27,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from pgfence.errors import PgfenceError
 from pgfence.tools.loadtest.pgbouncer import free_port
 
-HANDLERS = "pgfence.handlers.builtin,pgfence.handlers.receipts"
-
-
 def children(pid: int) -> list[int]:
     """The children of ``pid`` (Linux /proc)."""
     try:
@@ -115,13 +112,16 @@ class Supervisor:
 
 
 class Fleet:
-    def __init__(self, *, count: int, workers: int, batch: int, queue: str, lease: float, poll_interval: float,
-                 graceful: float, dsns: list[str], mail_url: str, listen: bool, unprotected: bool, workdir: Path,
-                 log_dir: Path):
+    def __init__(self, *, count: int, workers: int, batch: int | None, threads: int, async_concurrency: int,
+                 handlers: list[str], queue: str, lease: float, poll_interval: float, graceful: float,
+                 dsns: list[str], mail_url: str, listen: bool, unprotected: bool, workdir: Path, log_dir: Path):
         self.count = count
-        self.args = ["--workers", str(workers), "--batch", str(batch), "--queues", queue, "--lease", f"{lease:g}",
+        # No --batch: each worker claims up to its free slots.
+        self.args = ["--workers", str(workers), *(["--batch", str(batch)] if batch is not None else []),
+                     "--threads", str(threads), "--async-concurrency", str(async_concurrency),
+                     "--queues", queue, "--lease", f"{lease:g}",
                      "--poll-interval", f"{poll_interval:g}", "--graceful-timeout", f"{graceful:g}",
-                     "--handlers", HANDLERS, "--metrics-host", "127.0.0.1", "--log-level", "INFO"]
+                     "--handlers", ",".join(handlers), "--metrics-host", "127.0.0.1", "--log-level", "INFO"]
         if not listen:
             # Transaction pooling: no session to LISTEN on or to keep plans in.
             self.args += ["--no-listen", "--no-prepare"]

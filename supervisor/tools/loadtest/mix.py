@@ -2,10 +2,16 @@
 
 ``--mix noop=40,sleep=30,fail=10,effect=10,receipt=10`` gives weights; the
 M jobs are split by largest remainder, so the counts are exact and the same
-for the same M and mix.  Durations (``sleep`` seconds, ``effect`` seconds,
-``receipt`` render seconds) are drawn from an exponential distribution with
-mean ``--sleep-mean``, cut at ``--sleep-max``, from the run's seeded random
-generator.
+for the same M and mix.  Durations (``sleep``, ``effect``, ``asleep`` and
+``aeffect`` seconds, ``receipt`` render seconds) are drawn from an
+exponential distribution with mean ``--sleep-mean``, cut at ``--sleep-max``,
+from the run's seeded random generator.
+
+``asleep`` and ``aeffect`` are the async counterparts of ``sleep`` and
+``effect`` (``pgfence.handlers.aio``: ``async_sleep``, ``async_effect``),
+run on each worker's event loop; an ``aeffect`` job writes its one effect
+row through the fence into the same table as ``effect``, audited the same
+way.
 
 Jobs other than ``fail`` get room for the faults the run injects on purpose
 (``max_attempts`` 10, ``max_reclaims`` 8), so a job hit by several faults is
@@ -21,9 +27,18 @@ from typing import Any
 from pgfence.errors import ConfigError
 
 #: Mix name -> the bundled handler's kind.
-KINDS = {"noop": "noop", "sleep": "sleep", "fail": "fail", "effect": "effect", "receipt": "send_receipt"}
+KINDS = {"noop": "noop", "sleep": "sleep", "fail": "fail", "effect": "effect", "receipt": "send_receipt",
+         "asleep": "async_sleep", "aeffect": "async_effect"}
 #: Mix name -> the final status every such job must reach.
-EXPECTED = {"noop": "done", "sleep": "done", "fail": "failed", "effect": "done", "receipt": "done"}
+EXPECTED = {"noop": "done", "sleep": "done", "fail": "failed", "effect": "done", "receipt": "done",
+            "asleep": "done", "aeffect": "done"}
+#: Mixes run by async def handlers (module pgfence.handlers.aio).
+ASYNC = frozenset({"asleep", "aeffect"})
+#: Mixes that write one effect row (pgfence_examples.effects) through the fence.
+EFFECTS = ("effect", "aeffect")
+#: The handler modules every run loads, and the one async mixes add.
+HANDLERS = ("pgfence.handlers.builtin", "pgfence.handlers.receipts")
+ASYNC_HANDLERS = "pgfence.handlers.aio"
 
 MAX_ATTEMPTS = 10
 MAX_RECLAIMS = 8
@@ -65,6 +80,17 @@ def parse(text: str) -> dict[str, int]:
     return weights
 
 
+def needs_async(weights: dict[str, int]) -> bool:
+    """Some job of the mix runs on the workers' event loop."""
+    return any(weights.get(name, 0) > 0 for name in ASYNC)
+
+
+def handler_modules(weights: dict[str, int]) -> list[str]:
+    """The supervisors' ``--handlers``: the async module only when the mix
+    has async jobs (loading it starts an event loop in every worker)."""
+    return [*HANDLERS, *([ASYNC_HANDLERS] if needs_async(weights) else [])]
+
+
 def allocate(total: int, weights: dict[str, int]) -> dict[str, int]:
     """Split ``total`` jobs by weight, largest remainder first (ties in the
     order of KINDS); every mix name gets an entry."""
@@ -97,7 +123,7 @@ def _job(name: str, n: int, rng: random.Random, mean: float, cap: float) -> JobS
     attempts, reclaims = MAX_ATTEMPTS, MAX_RECLAIMS
     if name == "noop":
         payload: dict[str, Any] = {}
-    elif name in ("sleep", "effect"):
+    elif name in ("sleep", "effect", "asleep", "aeffect"):
         payload = {"seconds": duration(rng, mean, cap)}
     elif name == "fail":
         payload = {"message": "loadtest: fails on purpose"}

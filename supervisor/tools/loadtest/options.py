@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pgfence.errors import ConfigError
-from pgfence.settings import parse_duration
+from pgfence.settings import ASYNC_CONCURRENCY_MAX, THREADS_MAX, parse_duration
 from pgfence.tools.loadtest import mix as mix_mod
 
 #: Every fault, in the order the report lists them.
@@ -23,10 +23,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", default="1000", help="jobs to enqueue (default 1000)")
     p.add_argument("--supervisors", default="2", help="`pgfence run` processes (default 2)")
     p.add_argument("--workers", default="4", help="worker children per supervisor (default 4)")
-    p.add_argument("--batch", default="1", help="jobs a worker claims per statement (default 1)")
+    p.add_argument("--batch", default=None,
+                   help="jobs a worker claims per statement (default: its free slots, 1 for one thread)")
+    p.add_argument("--threads", default="1",
+                   help="jobs of def handlers each worker runs at once, one thread each (default 1)")
+    p.add_argument("--async-concurrency", default="100",
+                   help="jobs of async def handlers (asleep, aeffect) each worker runs at once (default 100)")
     p.add_argument("--mix", default=DEFAULT_MIX, help=f"job types and weights (default {DEFAULT_MIX})")
     p.add_argument("--sleep-mean", default="0.5",
-                   help="mean seconds of sleep/effect/receipt jobs, exponentially distributed (default 0.5)")
+                   help="mean seconds of sleep/effect/receipt/asleep/aeffect jobs, exponentially distributed "
+                        "(default 0.5)")
     p.add_argument("--sleep-max", default="5", help="longest such job in seconds (default 5)")
     p.add_argument("--lease", default="5", help="the supervisors' lease in seconds (default 5)")
     p.add_argument("--poll-interval", default="1", help="the supervisors' poll interval (default 1)")
@@ -54,7 +60,10 @@ class Plan:
     jobs: int
     supervisors: int
     workers: int
-    batch: int
+    #: ``--batch``; None: not passed, each worker claims up to its free slots.
+    batch: int | None
+    threads: int
+    async_concurrency: int
     weights: dict[str, int]
     counts: dict[str, int]
     sleep_mean: float
@@ -74,9 +83,26 @@ class Plan:
     log_dir: str | None
     unprotected: bool
 
+    @property
+    def with_async(self) -> bool:
+        """The mix has async jobs: the workers load the async handlers and
+        run an event loop."""
+        return mix_mod.needs_async(self.weights)
+
+    @property
+    def capacity(self) -> int:
+        """Jobs one worker child runs at once."""
+        return self.threads + (self.async_concurrency if self.with_async else 0)
+
+    @property
+    def claim_size(self) -> int:
+        """The most jobs one claim statement of a worker takes."""
+        return self.batch if self.batch is not None else self.capacity
+
     def describe(self) -> dict[str, Any]:
         return {
             "jobs": self.jobs, "supervisors": self.supervisors, "workers": self.workers, "batch": self.batch,
+            "threads": self.threads, "async_concurrency": self.async_concurrency, "capacity": self.capacity,
             "mix": dict(self.weights), "counts": dict(self.counts),
             "sleep_mean": self.sleep_mean, "sleep_max": self.sleep_max,
             "lease": self.lease, "poll_interval": self.poll_interval, "faults": list(self.faults),
@@ -120,7 +146,9 @@ def plan(args: argparse.Namespace) -> Plan:
     jobs = _whole("--jobs", args.jobs, 1, 10_000_000)
     supervisors = _whole("--supervisors", args.supervisors, 1, 64)
     workers = _whole("--workers", args.workers, 1, 512)
-    batch = _whole("--batch", args.batch, 1, 1000)
+    batch = None if args.batch is None else _whole("--batch", args.batch, 1, 1000)
+    threads = _whole("--threads", args.threads, 1, THREADS_MAX)
+    async_concurrency = _whole("--async-concurrency", args.async_concurrency, 1, ASYNC_CONCURRENCY_MAX)
     weights = mix_mod.parse(args.mix)
     sleep_mean = _seconds("--sleep-mean", args.sleep_mean, zero=True)
     sleep_max = _seconds("--sleep-max", args.sleep_max, zero=True)
@@ -149,7 +177,8 @@ def plan(args: argparse.Namespace) -> Plan:
         folder = os.path.dirname(os.path.abspath(args.plot))
         if not os.path.isdir(folder):
             raise ConfigError(f"invalid --plot: no such directory {folder!r}")
-    return Plan(jobs=jobs, supervisors=supervisors, workers=workers, batch=batch, weights=weights,
+    return Plan(jobs=jobs, supervisors=supervisors, workers=workers, batch=batch, threads=threads,
+                async_concurrency=async_concurrency, weights=weights,
                 counts=mix_mod.allocate(jobs, weights), sleep_mean=sleep_mean, sleep_max=sleep_max, lease=lease,
                 poll_interval=poll_interval, faults=faults, fault_interval=fault_interval, seed=seed,
                 timeout=timeout, json=args.json, plot=args.plot, progress=args.progress, pgbouncer=args.pgbouncer,

@@ -60,8 +60,11 @@ def _ms(value: float | None) -> str:
 
 def text(report: dict[str, Any]) -> str:
     c, s, m = report["config"], report["summary"], report.get("metrics")
-    head = (f"pgfence loadtest: {c['jobs']} jobs, {c['supervisors']} supervisor(s) x {c['workers']} worker(s), "
-            f"lease {c['lease']:g}s, seed {c['seed']}, queue {report['queue']}")
+    head = (f"pgfence loadtest: {c['jobs']} jobs, {c['supervisors']} supervisor(s) x {c['workers']} worker(s)"
+            + (f" of {c['capacity']} jobs each ({c['threads']} thread(s)"
+               + (f", {c['async_concurrency']} async" if c["capacity"] > c["threads"] else "") + ")"
+               if c.get("capacity", 1) > 1 else "")
+            + f", lease {c['lease']:g}s, seed {c['seed']}, queue {report['queue']}")
     head += (", through PgBouncer" if c["pgbouncer"] else "") + (", embedded server" if c["embedded"] else "")
     head += ", UNPROTECTED" if c["unprotected"] else ""
     lines = [

@@ -33,6 +33,7 @@ from pgfence.tools.loadtest import mix
 from pgfence.tools.loadtest import options
 from pgfence.tools.loadtest import report
 from pgfence.store import loadtest as loadtest_store
+from pgfence.store.pools import ASYNC_MAX as ASYNC_POOL_MAX
 from pgfence.tools.loadtest import store
 from pgfence.tools.loadtest.faults import Faults
 from pgfence.tools.loadtest.fleet import Fleet, Scrape
@@ -100,9 +101,9 @@ class LoadTest:
         self.server = Server.open(plan.dsn, embedded_in=self.tmp if plan.embedded else None)
         stack.callback(self.server.close)
         stack.callback(self._close_conn)
-        needed = plan.supervisors * (plan.workers + 3)
+        needed = plan.supervisors * (plan.workers * self.connections_per_worker() + 3)
         if not plan.pgbouncer and needed > self.server.max_connections - 5:
-            print(f"pgfence loadtest: warning: {plan.supervisors} x {plan.workers} workers need about {needed} "
+            print(f"pgfence loadtest: warning: {plan.supervisors} x {plan.workers} workers need up to {needed} "
                   f"connections and the server allows {self.server.max_connections}: use --pgbouncer",
                   file=sys.stderr)
         self.sink = MailSink().start()
@@ -120,7 +121,9 @@ class LoadTest:
             dsns = [self.server.client_dsn("127.0.0.1", port) for port in ports]
             self.link_names = [f"supervisor {i}" for i in range(plan.supervisors)]
         self.graceful = plan.sleep_max + 5
-        self.fleet = Fleet(count=plan.supervisors, workers=plan.workers, batch=plan.batch, queue=self.queue,
+        self.fleet = Fleet(count=plan.supervisors, workers=plan.workers, batch=plan.batch, threads=plan.threads,
+                           async_concurrency=plan.async_concurrency, handlers=mix.handler_modules(plan.weights),
+                           queue=self.queue,
                            lease=plan.lease, poll_interval=plan.poll_interval, graceful=self.graceful, dsns=dsns,
                            mail_url=self.sink.url, listen=not plan.pgbouncer, unprotected=plan.unprotected,
                            workdir=self.tmp, log_dir=self.log_dir)
@@ -130,6 +133,23 @@ class LoadTest:
         stack.callback(self.fleet.shutdown)
         self.fleet.start()
         self.fleet.wait_ready(30 + 0.25 * plan.supervisors * plan.workers)
+
+    def connections_per_worker(self) -> int:
+        """The most connections one worker child opens: its own, and when it
+        runs many jobs at once its threads' pool (threads + 3) and its event
+        loop's pool (at most 10)."""
+        plan = self.plan
+        if plan.capacity == 1:
+            return 1
+        return 1 + plan.threads + 3 + (min(plan.async_concurrency, ASYNC_POOL_MAX) if plan.with_async else 0)
+
+    def held_per_worker(self) -> int:
+        """The most leases one worker child holds at once: a claim's batch;
+        for one that runs many jobs at once, its jobs in flight plus as many
+        ended but not yet completed (its slot table has room for twice its
+        capacity)."""
+        plan = self.plan
+        return max(plan.claim_size, 1 if plan.capacity == 1 else 2 * plan.capacity)
 
     def _cancel_leftovers(self) -> None:
         try:
@@ -245,7 +265,9 @@ class LoadTest:
         conn = self._db()
         ok = all(s is not None for s in scrapes)
         plan = self.plan
-        broken = sum(self.faults.terminated.values()) + self.server.restarts * plan.supervisors * plan.workers
+        # A restart breaks every connection of every worker: its own and its pools'.
+        broken = (sum(self.faults.terminated.values())
+                  + self.server.restarts * plan.supervisors * plan.workers * self.connections_per_worker())
         # Read after every supervisor stopped: a backend reports its
         # deadlocks to the statistics at the latest when it exits.
         deadlocks = loadtest_store.deadlocks(conn) - self.deadlocks_before
@@ -258,7 +280,8 @@ class LoadTest:
             supervisors=[{"index": s.index, "exit_status": s.exit_status, "exited_early": s.exited_early,
                           "scraped": scrape is not None, "log_tail": s.tail() if s.exit_status else ""}
                          for s, scrape in zip(self.fleet.supervisors, scrapes, strict=True)],
-            batch=plan.batch, broken=broken, faults=dict(self.faults.counts), fault_events=list(self.faults.events),
+            batch=plan.claim_size, held=self.held_per_worker(), broken=broken, faults=dict(self.faults.counts),
+            fault_events=list(self.faults.events),
             lease=plan.lease, db_zero=self.db_zero, deadlocks=deadlocks)
 
     def _report(self, ev: audit.Evidence, result: dict[str, Any], elapsed: float) -> dict[str, Any]:
