@@ -25,6 +25,9 @@ PREFIX = "pgfence_bench_"
 #: A run during which more than this share of the machine's CPU went to
 #: something else than the system measured is marked disturbed.
 DISTURBED = 0.20
+#: Processes the harness runs for the workload itself (the io section's HTTP
+#: server): their CPU is counted with the server side, not as "elsewhere".
+WORKLOAD_PIDS: list[int] = []
 
 
 def log(msg: str) -> None:
@@ -413,7 +416,8 @@ def _drain(poller: psycopg.Connection, ask: Callable[[str], bool], t0: float, pr
             last[pid] = cpu_seconds(pid)
             backends.setdefault(pid, last[pid])
         if base is None and ask(probe.started):
-            base = (time.monotonic(), sum(cpu_seconds(p) for p in client_pids()), machine_busy())
+            base = (time.monotonic(), sum(cpu_seconds(p) for p in client_pids()), machine_busy(),
+                    sum(cpu_seconds(p) for p in WORKLOAD_PIDS))
             backends = {pid: cpu_seconds(pid) for pid in backends}
         if not ask(probe.left):
             break
@@ -427,6 +431,7 @@ def _drain(poller: psycopg.Connection, ask: Callable[[str], bool], t0: float, pr
     end = time.monotonic()
     client_end = sum(cpu_seconds(p) for p in client_pids())
     busy_end = machine_busy()
+    workload_end = sum(cpu_seconds(p) for p in WORKLOAD_PIDS)
     for pid in backends:
         last[pid] = max(last.get(pid, 0.0), cpu_seconds(pid))
     if capped:
@@ -440,7 +445,7 @@ def _drain(poller: psycopg.Connection, ask: Callable[[str], bool], t0: float, pr
     if base is not None and done:
         span = end - base[0]
         client = client_end - base[1]
-        server = sum(last[pid] - backends[pid] for pid in backends)
+        server = sum(last[pid] - backends[pid] for pid in backends) + workload_end - base[3]
         busy_s = busy_end[0] - base[2][0]
         busy = busy_s / max(1e-9, busy_end[1] - base[2][1])
         # CPU spent by anything else (PostgreSQL's own background processes,
@@ -570,7 +575,7 @@ def drain_counted(n: int, cap: float, start: Callable[[], list[subprocess.Popen]
     machine's clock.  CPU is the workers' processes only (no PostgreSQL)."""
     quiet = quiesce()
     servers = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()
-               and _comm(int(d.name)) == "redis-server"]
+               and _comm(int(d.name)) == "redis-server"] + WORKLOAD_PIDS
     t0 = time.monotonic()
     procs = start()
     capped, base = False, None
@@ -614,7 +619,7 @@ def drain_counted(n: int, cap: float, start: Callable[[], list[subprocess.Popen]
         client = client_end - base[1]
         busy_s = busy_end[0] - base[2][0]
         busy = busy_s / max(1e-9, busy_end[1] - base[2][1])
-        server = server_end - base[3]          # redis-server
+        server = server_end - base[3]          # redis-server and the workload's own processes
         other = max(0.0, busy_s - client - server) / max(1e-9, span * (os.cpu_count() or 1))
         cpu = {"span_s": round(span, 3), "client_s": round(client, 3), "server_s": round(server, 3),
                "client_ms_per_1k": round(1e6 * client / recorded, 1),

@@ -232,7 +232,8 @@ def io_markdown(report: dict) -> list[str]:
                    "(PostgreSQL's and Redis's own processes not included). jobs/s for pgfence, pgqueuer and "
                    "procrastinate on the database clock; for Celery and Dramatiq (Redis broker, tasks sent "
                    "before the workers start) N over the first task's start to the last one's end as each "
-                   "task recorded them; their server CPU is redis-server's."), ""]
+                   "task recorded them; their server CPU is redis-server's. The HTTP server's CPU is counted on the "
+                   "server side."), ""]
     freeze, on = tp.get("io_pgfence_async_w2_200_sleep_nofreeze"), tp.get("io_pgfence_async_w2_200_sleep")
     if freeze and on and freeze["runs"] and on["runs"]:
         a, b = io_memory(on["runs"], "uss_max_mib"), io_memory(freeze["runs"], "uss_max_mib")

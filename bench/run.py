@@ -38,6 +38,7 @@ from harness import (
     DISTURBED,
     PGFENCE_PROBE,
     PREFIX,
+    WORKLOAD_PIDS,
     PoolMemory,
     RESULTS,
     Pgfence,
@@ -327,6 +328,7 @@ class Bench:
             raise RuntimeError(f"the HTTP server did not start; log: {self.tail('http')}")
         os.environ["PGFENCE_BENCH_HTTP_PORT"] = str(port)
         self.pgfence.env["PGFENCE_BENCH_HTTP_PORT"] = str(port)
+        WORKLOAD_PIDS.append(proc.pid)
         return proc
 
     def io_series(self, key: str, system: str, config: str, n: int, once: Callable[[PoolMemory], Run],
@@ -380,6 +382,7 @@ class Bench:
         try:
             self._bench_io(wait, n)
         finally:
+            WORKLOAD_PIDS.remove(http.pid)
             stop_process(http, signal.SIGTERM, 5)
 
     def _bench_io(self, wait: int, n: int) -> None:
