@@ -6,7 +6,8 @@ Loaded by ``pgfence run`` children with ``--handlers concurrency_handlers``
 (tests/ is on their PYTHONPATH); never registered in the test process.
 Every kind that finishes writes one row into ``pgfence_examples.effects``
 through the fence, naming the job, the attempt and the child's pid: two
-rows for one job would be a double run.
+rows for one job would be a double run; ``c_pause`` alone writes nothing,
+so that its jobs are completed by the worker's batched completion.
 """
 
 from __future__ import annotations
@@ -52,6 +53,13 @@ def c_effect(job: Job) -> None:
     """Works payload.seconds (checking its lease), then writes its effect."""
     _work(job, _number(job))
     _write_effect(job)
+
+
+@handler("c_pause")
+def c_pause(job: Job) -> None:
+    """Works payload.seconds (checking its lease) and writes nothing: the
+    worker completes it, batched with the others that ended meanwhile."""
+    _work(job, _number(job))
 
 
 @handler("c_first_slow")

@@ -121,6 +121,9 @@ class ConcurrentWorker(Worker):
         #: Deferred jobs of the threads and of the loop: still tracked, so
         #: still in their side's count until completed.
         self._held = [0, 0]
+        #: Deferred jobs the completer has taken and not yet completed: still
+        #: tracked (their leases, their entries in the slot table) too.
+        self._flushing = [0, 0]
         #: Set when a job ends without writing: the completer's cue.
         self._completions = threading.Event()
         self._completer_stop = threading.Event()
@@ -195,11 +198,12 @@ class ConcurrentWorker(Worker):
         with self._lock:
             # A job whose handler returned frees its slot at once; its
             # lease (and its entry in the slot table, which has room for
-            # twice the capacity) stays held until the completer's next
-            # statement.  Should completions fall behind by more than the
-            # capacity, the claims wait for them.
-            return (self.threads - self._running[0] - max(0, self._held[0] - self.threads),
-                    self.async_slots - self._running[1] - max(0, self._held[1] - self.async_slots))
+            # twice the capacity) stays held until the completer's statement
+            # that completes it has run.  Should completions fall behind by
+            # more than the capacity, the claims wait for them.
+            held = [h + f for h, f in zip(self._held, self._flushing, strict=True)]
+            return (self.threads - self._running[0] - max(0, held[0] - self.threads),
+                    self.async_slots - self._running[1] - max(0, held[1] - self.async_slots))
 
     def claim_plan(self) -> list[Claim]:
         """The claims to try, in turn, until one brings jobs: how many jobs
@@ -326,9 +330,16 @@ class ConcurrentWorker(Worker):
         writing."""
         with self._lock:
             done, self._deferred = self._deferred, []
-            self._held = [0, 0]
-        if done:
-            self.complete_deferred(done)  # type: ignore[arg-type]
+            taken, self._held = self._held, [0, 0]
+            self._flushing = [f + t for f, t in zip(self._flushing, taken, strict=True)]
+        try:
+            if done:
+                self.complete_deferred(done)  # type: ignore[arg-type]
+        finally:
+            # Completed or not, their leases are untracked now.
+            with self._lock:
+                self._flushing = [f - t for f, t in zip(self._flushing, taken, strict=True)]
+            self._wake.set()
 
     def _complete_loop(self) -> None:
         """The completer thread: completes the jobs that ended without
