@@ -416,7 +416,7 @@ class Bench:
         # The one-job pgbench reference of the fenced-row goal (16 clients).
         if "pgbench_one_c16" not in self.series:
             one = self.render_pgbench("claim_complete.sql", 1)
-            nb = max(2000, n)
+            nb = max(2000, n) // 16 * 16      # pgbench runs N / 16 transactions per client: none left over
             log(f"io: pgbench, pgfence claim of one job + fenced complete, -c 16, N={nb:,} (the fenced-row reference)")
             self.measure("pgbench_one_c16", "pgbench: pgfence claim 1 + complete", "-c 16 -j 2 -M prepared", nb,
                          lambda: self.pgbench_once(one, 16, nb, 1))
