@@ -250,7 +250,8 @@ def _num(value: float | None) -> str:
 
 def _measured(g: dict) -> str:
     v = g["measured"]
-    return {"x": f"{v:.2f}x", "%": f"{v:.0%}", "ms": f"{v:.1f} ms", "MiB": f"{v:.1f} MiB"}.get(g["unit"], f"{v:g} {g['unit']}")
+    return {"x": f"{v:.2f}x", "%": f"{v:.1%}", "ms": f"{v:.1f} ms",
+            "MiB": f"{v:.1f} MiB"}.get(g["unit"], f"{v:g} {g['unit']}")
 
 
 def markdown(report: dict) -> str:
