@@ -25,6 +25,9 @@ PREFIX = "pgfence_bench_"
 #: A run during which more than this share of the machine's CPU went to
 #: something else than the system measured is marked disturbed.
 DISTURBED = 0.20
+#: Processes the harness runs for the workload itself (the io section's HTTP
+#: server): their CPU is counted with the server side, not as "elsewhere".
+WORKLOAD_PIDS: list[int] = []
 
 
 def log(msg: str) -> None:
@@ -64,8 +67,9 @@ class Pgfence:
                        stdout=subprocess.DEVNULL, cwd=self.root, env=self.env)
 
     def run(self, dsn: str, workers: int, batch: int, logfile, *extra: str) -> subprocess.Popen:
-        return self.popen(["run", "--dsn", dsn, "--workers", str(workers), "--batch", str(batch),
-                           "--handlers", "pgfence.handlers.builtin", "--metrics-port", "0",
+        # batch 0: no --batch, pgfence's default.
+        return self.popen(["run", "--dsn", dsn, "--workers", str(workers),
+                           *(["--batch", str(batch)] if batch else []), "--handlers", "pgfence.handlers.builtin", "--metrics-port", "0",
                            "--log-level", "WARNING", *extra], logfile)
 
     def queries(self) -> dict[str, str]:
@@ -412,7 +416,8 @@ def _drain(poller: psycopg.Connection, ask: Callable[[str], bool], t0: float, pr
             last[pid] = cpu_seconds(pid)
             backends.setdefault(pid, last[pid])
         if base is None and ask(probe.started):
-            base = (time.monotonic(), sum(cpu_seconds(p) for p in client_pids()), machine_busy())
+            base = (time.monotonic(), sum(cpu_seconds(p) for p in client_pids()), machine_busy(),
+                    sum(cpu_seconds(p) for p in WORKLOAD_PIDS))
             backends = {pid: cpu_seconds(pid) for pid in backends}
         if not ask(probe.left):
             break
@@ -426,6 +431,7 @@ def _drain(poller: psycopg.Connection, ask: Callable[[str], bool], t0: float, pr
     end = time.monotonic()
     client_end = sum(cpu_seconds(p) for p in client_pids())
     busy_end = machine_busy()
+    workload_end = sum(cpu_seconds(p) for p in WORKLOAD_PIDS)
     for pid in backends:
         last[pid] = max(last.get(pid, 0.0), cpu_seconds(pid))
     if capped:
@@ -439,7 +445,7 @@ def _drain(poller: psycopg.Connection, ask: Callable[[str], bool], t0: float, pr
     if base is not None and done:
         span = end - base[0]
         client = client_end - base[1]
-        server = sum(last[pid] - backends[pid] for pid in backends)
+        server = sum(last[pid] - backends[pid] for pid in backends) + workload_end - base[3]
         busy_s = busy_end[0] - base[2][0]
         busy = busy_s / max(1e-9, busy_end[1] - base[2][1])
         # CPU spent by anything else (PostgreSQL's own background processes,
@@ -492,3 +498,131 @@ def fold(raw: str) -> dict:
             "python_pct": round(100 - waiting - idle, 1) if waiting + idle < 100 else 0.0,
             "inclusive_pct": top(inclusive), "python_self_pct": top(python_own),
             "leaf_module_pct": top(by_module)}
+
+
+# -- memory while draining, and drains counted by the workers themselves ----------------------
+
+
+class PoolMemory:
+    """Samples, every ``interval`` s on a thread of its own, the USS and RSS
+    summed over each root process and all its descendants (the whole pool:
+    a supervisor, its children, their helpers) while a drain runs.
+
+    ``result()`` gives the largest sums seen and those of the sample nearest
+    the middle of the sampling, in MiB, and the process count then."""
+
+    def __init__(self, interval: float = 0.5):
+        self.interval = interval
+        self.samples: list[tuple[float, float, float, int]] = []    # (t, uss, rss, processes)
+        self._stop = None
+        self._thread = None
+
+    def start(self, procs: list[subprocess.Popen]) -> None:
+        import threading
+
+        self._stop = threading.Event()
+
+        def sample() -> None:
+            while not self._stop.wait(self.interval):
+                pids = [p for proc in procs if proc.poll() is None for p in (proc.pid, *descendants(proc.pid))]
+                uss = rss = 0.0
+                counted = 0
+                for pid in pids:
+                    try:
+                        m = memory(pid)
+                    except (OSError, KeyError, ValueError):
+                        continue
+                    uss += m["uss_mib"]
+                    rss += m["rss_mib"]
+                    counted += 1
+                if counted:
+                    self.samples.append((time.monotonic(), uss, rss, counted))
+
+        self._thread = threading.Thread(target=sample, name="pool-memory", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._thread.join()
+            self._stop = None
+
+    def result(self) -> dict:
+        self.stop()
+        if not self.samples:
+            return {}
+        mid_t = (self.samples[0][0] + self.samples[-1][0]) / 2
+        mid = min(self.samples, key=lambda s: abs(s[0] - mid_t))
+        return {"uss_max_mib": round(max(s[1] for s in self.samples), 1),
+                "rss_max_mib": round(max(s[2] for s in self.samples), 1),
+                "uss_mid_mib": round(mid[1], 1), "rss_mid_mib": round(mid[2], 1),
+                "processes": max(s[3] for s in self.samples), "samples": len(self.samples)}
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def drain_counted(n: int, cap: float, start: Callable[[], list[subprocess.Popen]],
+                  stop: Callable[[list[subprocess.Popen]], None], done: Callable[[], int],
+                  window: Callable[[], tuple[int, float]]) -> Run:
+    """:func:`drain` for systems outside PostgreSQL (a Redis broker): the
+    tasks count themselves (``done``) and record their start and end, and
+    ``window`` gives (tasks recorded, first start to last end) on the
+    machine's clock.  CPU is the workers' processes only (no PostgreSQL)."""
+    quiet = quiesce()
+    servers = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()
+               and _comm(int(d.name)) == "redis-server"] + WORKLOAD_PIDS
+    t0 = time.monotonic()
+    procs = start()
+    capped, base = False, None
+
+    def client_pids() -> list[int]:
+        return [p for proc in procs for p in (proc.pid, *descendants(proc.pid))]
+
+    try:
+        while True:
+            count = done()
+            if base is None and count > 0:
+                base = (time.monotonic(), sum(cpu_seconds(p) for p in client_pids()), machine_busy(),
+                        sum(cpu_seconds(p) for p in servers))
+            if count >= n:
+                break
+            if time.monotonic() - t0 > cap:
+                capped = True
+                break
+            failed = [p for p in procs if p.poll() not in (None, 0)]
+            if failed:
+                raise RuntimeError(f"a worker exited with status {failed[0].returncode} before all tasks ran")
+            time.sleep(0.05)
+        end = time.monotonic()
+        client_end = sum(cpu_seconds(p) for p in client_pids())
+        busy_end = machine_busy()
+        server_end = sum(cpu_seconds(p) for p in servers)
+        if capped:
+            for proc in procs:
+                stop_process(proc, signal.SIGTERM, 10)
+        else:
+            stop(procs)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                stop_process(proc, signal.SIGTERM, 10)
+    recorded, span_s = window()
+    recorded = min(recorded, n)
+    cpu: dict = {}
+    if base is not None and recorded:
+        span = end - base[0]
+        client = client_end - base[1]
+        busy_s = busy_end[0] - base[2][0]
+        busy = busy_s / max(1e-9, busy_end[1] - base[2][1])
+        server = server_end - base[3]          # redis-server and the workload's own processes
+        other = max(0.0, busy_s - client - server) / max(1e-9, span * (os.cpu_count() or 1))
+        cpu = {"span_s": round(span, 3), "client_s": round(client, 3), "server_s": round(server, 3),
+               "client_ms_per_1k": round(1e6 * client / recorded, 1),
+               "server_ms_per_1k": round(1e6 * server / recorded, 1),
+               "machine_busy": round(busy, 3), "other_share": round(other, 3), "busy_before": round(quiet, 3)}
+    return Run(n=n, done=recorded, wall_s=end - t0, window_s=span_s, capped=capped, cpu=cpu)

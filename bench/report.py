@@ -31,6 +31,12 @@ GOALS = {
     "pickup_p99_ms": 50.0,
     "renew_1000_ms": 20.0,
     "claim_1m_ratio": 1.10,
+    "io_async_vs_pgqueuer": 1.5,    # pgfence async, 2 children, 50 ms jobs / pgqueuer's best io figure
+    "io_async_uss_mib": 100.0,      # the whole pool's USS for that run
+    "io_threads_of_ideal": 0.90,    # 2 x 32 threads, 50 ms sync jobs: of 64 / 0.05 s
+    "io_row_vs_pgbench_one": 0.80,  # fenced-row jobs: min(this x one-job pgbench, io_row_of_ideal x ideal)
+    "io_row_of_ideal": 0.90,
+    "default_vs_naive_one": 0.90,   # no-op, default settings vs the naive one-job loop, 4 processes
 }
 
 
@@ -53,6 +59,16 @@ def machine_facts(server: Server) -> dict:
             "cpu": cpu.group(1).strip() if cpu else platform.processor(),
             "postgresql": facts["server_version"], "pg_settings": facts["settings"],
             "python": platform.python_version(), "kernel": platform.release()}
+
+
+def io_memory(runs: list[dict], field: str) -> float | None:
+    """The median over a series' runs of the pool memory figure ``field``."""
+    values = sorted(r["memory"][field] for r in runs if r.get("memory", {}).get(field) is not None)
+    return values[len(values) // 2] if values else None
+
+
+def _series_memory(s: Series, field: str) -> float | None:
+    return io_memory([r.extra for r in s.runs], field)
 
 
 def goals(series: dict[str, Series], metrics: dict) -> list[dict]:
@@ -93,6 +109,15 @@ def goals(series: dict[str, Series], metrics: dict) -> list[dict]:
             goal(f"stretch (not an issue goal): effect jobs at --batch 1 vs one-job pgbench at {clients}",
                  f">= {GOALS['effect_vs_pgbench_one']:.0%}", r, r >= GOALS["effect_vs_pgbench_one"],
                  f"{single.rate:,.0f} ({single.config}) / {one.rate:,.0f}", "%")
+    default, naive = series.get("pgfence_noop_w4_default"), series.get("naive_one")
+    if default and default.runs and naive and naive.runs:
+        r = default.rate / naive.rate
+        goal("no-op, default settings (no --batch) vs the naive one-job-per-claim loop, 4 processes",
+             f">= {GOALS['default_vs_naive_one']:.0%}", r, r >= GOALS["default_vs_naive_one"],
+             f"{default.rate:,.0f} / {naive.rate:,.0f}", "%")
+    io = metrics.get("io")
+    if io:
+        out.extend(io_goals(series, io))
     p = metrics.get("pickup")
     if p:
         goal("pickup latency p50", f"< {GOALS['pickup_p50_ms']:g} ms", p["p50_ms"], p["p50_ms"] < GOALS["pickup_p50_ms"],
@@ -115,13 +140,118 @@ def goals(series: dict[str, Series], metrics: dict) -> list[dict]:
     return out
 
 
+def io_goals(series: dict[str, Series], io: dict) -> list[dict]:
+    """The io section's goals (see GOALS), reported, never asserted."""
+    out: list[dict] = []
+    wait = io["wait_ms"] / 1000
+    slots = io.get("slots", {})
+
+    def have(key: str) -> Series | None:
+        s = series.get(key)
+        return s if s is not None and s.runs else None
+
+    def goal(name: str, target: str, measured: float, met: bool, detail: str, unit: str) -> None:
+        out.append({"goal": name, "target": target, "measured": measured, "unit": unit, "met": met,
+                    "detail": detail})
+
+    ms = f"{io['wait_ms']:g} ms"
+    asyncs = [s for k, s in series.items() if k.startswith("io_pgfence_async_") and k.endswith("_sleep")
+              and s.runs]
+    pgqs = [s for k, s in series.items() if k.startswith("io_pgqueuer_") and s.runs]
+    if asyncs and pgqs:
+        a, q = max(asyncs, key=lambda s: s.rate), max(pgqs, key=lambda s: s.rate)
+        r = a.rate / q.rate
+        goal(f"async handlers, 2 children, {ms} jobs writing nothing vs pgqueuer's best io figure",
+             f">= {GOALS['io_async_vs_pgqueuer']}x", r, r >= GOALS["io_async_vs_pgqueuer"],
+             f"{a.rate:,.0f} ({a.config}) / {q.rate:,.0f} ({q.system}, {q.config})", "x")
+        uss = _series_memory(a, "uss_max_mib")
+        if uss is not None:
+            goal(f"whole pool USS of that run ({a.config}, max while draining)",
+                 f"< {GOALS['io_async_uss_mib']:g} MiB", uss, uss < GOALS["io_async_uss_mib"],
+                 f"RSS {_series_memory(a, 'rss_max_mib') or 0:,.0f} MiB", "MiB")
+    t = have("io_pgfence_threads_w2_32_sleep")
+    if t:
+        ideal = slots.get(t.key, 64) / wait
+        r = t.rate / ideal
+        goal(f"threads, 2 x 32, {ms} sync jobs vs ideal", f">= {GOALS['io_threads_of_ideal']:.0%}", r,
+             r >= GOALS["io_threads_of_ideal"], f"{t.rate:,.0f} / {ideal:,.0f}", "%")
+        for key, label in (("io_celery_threads64_sleep", "Celery --pool threads -c 64"),
+                           ("io_dramatiq_p2t32_sleep", "Dramatiq 2 x 32 threads")):
+            peer = have(key)
+            if peer:
+                r = t.rate / peer.rate
+                goal(f"threads, 2 x 32, {ms} sync jobs vs {label}", "> 1.00x", r, r > 1.0,
+                     f"{t.rate:,.0f} / {peer.rate:,.0f}", "x")
+    one = have("pgbench_one_c16")
+    for key, label in (("io_pgfence_threads_w2_32_row", "threads 2 x 32"),
+                       ("io_pgfence_async_w2_200_row", "async 2 x 200")):
+        row = have(key)
+        if row and one:
+            ideal = slots.get(key, 64) / wait
+            target = min(GOALS["io_row_vs_pgbench_one"] * one.rate, GOALS["io_row_of_ideal"] * ideal)
+            r = row.rate / target
+            goal(f"{ms} jobs writing one row through the fence, {label}, vs min(80% of one-job pgbench -c 16, "
+                 f"90% of ideal)", ">= 100%", r, r >= 1.0,
+                 f"{row.rate:,.0f} / {target:,.0f} (pgbench {one.rate:,.0f}, ideal {ideal:,.0f})", "%")
+    return out
+
+
+def io_markdown(report: dict) -> list[str]:
+    """The io section's table: jobs/s, % of ideal, whole-pool USS and RSS."""
+    tp, io = report["throughput"], report["metrics"].get("io")
+    rows = {k: s for k, s in tp.items() if k.startswith("io_")}
+    if not io or not rows:
+        return []
+    wait = io["wait_ms"]
+    lines = [f"#### io: jobs that wait {wait:g} ms "
+             f"({report['settings'].get('io_runs', report['settings']['runs'])} runs each, median)", "",
+             "| system | wait | configuration | N | jobs/s | % of ideal | pool USS MiB | pool RSS MiB | "
+             "CPU ms per 1k jobs: workers / server |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for key, s in rows.items():
+        variant = s["system"].rsplit(", ", 1)[-1]
+        system = s["system"].rsplit(", ", 1)[0]
+        if not s["runs"]:
+            lines.append(f"| {system} | {variant} | {s['config']} | {s['n']:,} | failed | | | | |")
+            continue
+        slots = io.get("slots", {}).get(key)
+        ideal = slots / (wait / 1000) if slots else None
+        of_ideal = f"{s['jobs_per_s'] / ideal:.0%} of {ideal:,.0f}" if ideal else "-"
+        uss, rss = io_memory(s["runs"], "uss_max_mib"), io_memory(s["runs"], "rss_max_mib")
+        cpu = s["cpu_per_1k"]
+        cpu_text = (f"{cpu.get('client_ms_per_1k', 0):,.0f} / {cpu.get('server_ms_per_1k', 0):,.0f}"
+                    if cpu else "-")
+        flag = (" (capped)" if s["capped"] else "") + (" (disturbed)" if s.get("disturbed") else "")
+        lines.append(f"| {system} | {variant} | {s['config']} | {s['n']:,} | {_num(s['jobs_per_s'])}{flag} | "
+                     f"{of_ideal} | {_num(uss)} | {_num(rss)} | {cpu_text} |")
+    lines += ["", (f"Each job waits {wait:g} ms and writes nothing (sleep: `time.sleep` in threads, `asyncio.sleep` "
+                   f"on a loop; HTTP call: a GET to a local asyncio server that answers after {wait:g} ms, "
+                   "keep-alive connections), or waits then writes one row through the fence (fenced row). "
+                   "Ideal: jobs at once / wait. Pool USS and RSS: summed over the worker's processes and all "
+                   "their descendants, the largest sum of the samples taken every 0.5 s while it drained "
+                   "(PostgreSQL's and Redis's own processes not included). jobs/s for pgfence, pgqueuer and "
+                   "procrastinate on the database clock; for Celery and Dramatiq (Redis broker, tasks sent "
+                   "before the workers start) N over the first task's start to the last one's end as each "
+                   "task recorded them; their server CPU is redis-server's. The HTTP server's CPU is counted on the "
+                   "server side."), ""]
+    freeze, on = tp.get("io_pgfence_async_w2_200_sleep_nofreeze"), tp.get("io_pgfence_async_w2_200_sleep")
+    if freeze and on and freeze["runs"] and on["runs"]:
+        a, b = io_memory(on["runs"], "uss_max_mib"), io_memory(freeze["runs"], "uss_max_mib")
+        if a is not None and b is not None:
+            lines += [(f"gc.freeze() in the arbiter before forking (always on in pgfence): whole-pool USS "
+                       f"{a:,.1f} MiB with it, {b:,.1f} MiB with it made a no-op (bench/nofreeze), "
+                       f"--workers 2 --async-concurrency 200, sleep."), ""]
+    return lines
+
+
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
 def _measured(g: dict) -> str:
     v = g["measured"]
-    return {"x": f"{v:.2f}x", "%": f"{v:.0%}", "ms": f"{v:.1f} ms"}.get(g["unit"], f"{v:g} {g['unit']}")
+    return {"x": f"{v:.2f}x", "%": f"{v:.1%}", "ms": f"{v:.1f} ms",
+            "MiB": f"{v:.1f} MiB"}.get(g["unit"], f"{v:g} {g['unit']}")
 
 
 def markdown(report: dict) -> str:
@@ -138,7 +268,7 @@ def markdown(report: dict) -> str:
          f"each figure is the median of {report['settings']['runs']} runs."),
         "",
     ]
-    tp = report["throughput"]
+    tp = {k: s for k, s in report["throughput"].items() if not k.startswith("io_")}
     if tp:
         noop = [s["jobs_per_s"] for k, s in tp.items() if k.startswith("pgfence_noop") and s["runs"]]
         base = max(noop, default=None)
@@ -157,6 +287,7 @@ def markdown(report: dict) -> str:
             lines.append(f"| {s['system']} | {s['config']} | {s['n']:,} | {_num(s['jobs_per_s'])}{flag} | "
                          f"{_num(s['jobs_per_s_with_startup'])} | {ratio} | {cpu_text} | {s['reference']} |")
         lines += ["", LEGEND.format(cap=report["settings"]["cap_s"]), ""]
+    lines += io_markdown(report)
     met = report["metrics"]
     rows = []
     if "pickup" in met:

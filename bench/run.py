@@ -38,6 +38,8 @@ from harness import (
     DISTURBED,
     PGFENCE_PROBE,
     PREFIX,
+    WORKLOAD_PIDS,
+    PoolMemory,
     RESULTS,
     Pgfence,
     Probe,
@@ -48,6 +50,7 @@ from harness import (
     cmdline,
     descendants,
     drain,
+    drain_counted,
     execute,
     fill_pgfence,
     fold,
@@ -61,8 +64,10 @@ from harness import (
 from report import REFERENCE, goals, machine_facts, markdown
 
 BENCH_PY = Path(sys.executable)
-SECTIONS = ("pgfence", "effect", "pgqueuer", "procrastinate", "naive", "pgbench", "pickup", "heartbeat", "claim",
-            "memory", "profile")
+SECTIONS = ("pgfence", "effect", "pgqueuer", "procrastinate", "naive", "pgbench", "io", "pickup", "heartbeat",
+            "claim", "memory", "profile")
+#: The io section's variants: what each job does during its wait.
+IO_VARIANTS = {"sleep": "sleep", "http": "HTTP call", "row": "fenced row"}
 
 
 class Bench:
@@ -88,12 +93,14 @@ class Bench:
             return ""
         return " | ".join(text.strip().splitlines()[-lines:])
 
-    def measure(self, key: str, system: str, config: str, n: int, once: Callable[[], Run]) -> Series:
-        """--runs drains of one system in one configuration."""
+    def measure(self, key: str, system: str, config: str, n: int, once: Callable[[], Run],
+                runs: int | None = None) -> Series:
+        """--runs (or ``runs``) drains of one system in one configuration."""
         s = Series(key, system, config, n, reference=REFERENCE.get(key, ""))
         self.series[key] = s
-        retries = self.args.runs      # for runs that another workload disturbed
-        while len(s.runs) < self.args.runs:
+        runs = runs or self.args.runs
+        retries = runs      # for runs that another workload disturbed
+        while len(s.runs) < runs:
             try:
                 run = once()
             except Exception as exc:  # noqa: BLE001 - one failed series must not stop the bench
@@ -102,10 +109,13 @@ class Bench:
                 break
             cpu = run.cpu
             other = cpu.get("other_share", 0.0)
-            log(f"  {system}, {config}, run {len(s.runs) + 1}/{self.args.runs}: {run.done:,} jobs, "
+            mem = run.extra.get("memory") or {}
+            mem_text = (f"; pool USS {mem['uss_max_mib']:.0f} MiB, RSS {mem['rss_max_mib']:.0f} MiB (max)"
+                        if mem else "")
+            log(f"  {system}, {config}, run {len(s.runs) + 1}/{runs}: {run.done:,} jobs, "
                 f"{run.rate:,.0f} jobs/s ({run.wall_rate:,.0f} with startup){' CAPPED' if run.capped else ''}; "
                 f"CPU ms/1k jobs {cpu.get('client_ms_per_1k', '-')} client, {cpu.get('server_ms_per_1k', '-')} "
-                f"server; machine busy {cpu.get('machine_busy', 0):.0%}, {other:.0%} of it elsewhere")
+                f"server; machine busy {cpu.get('machine_busy', 0):.0%}, {other:.0%} of it elsewhere{mem_text}")
             if other > DISTURBED and retries > 0:
                 retries -= 1
                 s.discarded.append(run)
@@ -147,10 +157,12 @@ class Bench:
         a = self.args
         for workers, batch in a.pgfence_configs:
             # One job per claim is the slow path: the smaller N keeps it in time.
-            n = a.n_small if batch == 1 else a.n
-            log(f"pgfence run, no-op jobs, --workers {workers} --batch {batch}, N={n:,}")
-            self.measure(f"pgfence_noop_w{workers}_b{batch}", "pgfence, no-op", f"--workers {workers} --batch {batch}",
-                         n, lambda w=workers, b=batch, n=n: self.pgfence_once(n, w, b))
+            # Batch 0: no --batch, pgfence's default (the free slots: 1 with one thread).
+            n = a.n_small if batch <= 1 else a.n
+            config = f"--workers {workers} --batch {batch}" if batch else f"--workers {workers} (default settings)"
+            log(f"pgfence run, no-op jobs, {config}, N={n:,}")
+            self.measure(f"pgfence_noop_w{workers}_b{batch}" if batch else f"pgfence_noop_w{workers}_default",
+                         "pgfence, no-op", config, n, lambda w=workers, b=batch, n=n: self.pgfence_once(n, w, b))
 
     def bench_effect(self) -> None:
         a = self.args
@@ -302,6 +314,230 @@ class Bench:
             self.measure(f"pgbench_batch50_c{clients}", "pgbench: pgfence claim 50 + complete_many",
                          f"-c {clients} -j 2 -M prepared", a.n,
                          lambda c=clients: self.pgbench_once(many, c, a.n, 50))
+
+    # -- io: jobs that wait (sleep, an HTTP call, a fenced row) -----------------------------------
+
+    def start_http(self) -> subprocess.Popen:
+        """The delaying HTTP server, in a process of its own; its port goes to
+        every worker through PGFENCE_BENCH_HTTP_PORT."""
+        port = free_port()
+        proc = subprocess.Popen([str(BENCH_PY), "-m", "drivers.http_delay", str(port), str(self.args.io_wait_ms)],
+                                cwd=BENCH, stdout=subprocess.PIPE, stderr=self.logfile("http"),
+                                start_new_session=True, text=True)
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the HTTP server did not start; log: {self.tail('http')}")
+        os.environ["PGFENCE_BENCH_HTTP_PORT"] = str(port)
+        self.pgfence.env["PGFENCE_BENCH_HTTP_PORT"] = str(port)
+        WORKLOAD_PIDS.append(proc.pid)
+        return proc
+
+    def io_series(self, key: str, system: str, config: str, n: int, once: Callable[[PoolMemory], Run],
+                  slots: int) -> None:
+        """measure() with the pool's memory sampled during each run; ``slots``
+        is how many jobs the configuration runs at once (its ideal rate is
+        slots / wait)."""
+        self.metrics["io"].setdefault("slots", {})[key] = slots
+        def run() -> Run:
+            pool = PoolMemory()
+            try:
+                r = once(pool)
+            finally:
+                pool.stop()
+            r.extra["memory"] = pool.result()
+            return r
+        self.measure(key, system, config, n, run, runs=self.args.io_runs)
+
+    def pgfence_io_once(self, pool: PoolMemory, n: int, variant: str, workers: int, module: str,
+                        many: list[str], env: dict | None = None) -> Run:
+        fill_pgfence(self.main_dsn, n, f"io_{variant}")
+        name = f"io-pgfence-{variant}-{'-'.join(many)}"
+
+        def start() -> list[subprocess.Popen]:
+            argv = ["run", "--dsn", self.main_dsn, "--workers", str(workers), *many, "--handlers", module,
+                    "--metrics-port", "0", "--log-level", "WARNING"]
+            saved = self.pgfence.env
+            if env:
+                self.pgfence.env = {**saved, **env}
+            try:
+                procs = [self.pgfence.popen(argv, self.logfile(name))]
+            finally:
+                self.pgfence.env = saved
+            pool.start(procs)
+            return procs
+
+        def stop(procs: list[subprocess.Popen]) -> None:
+            pool.stop()
+            for p in procs:
+                stop_process(p, signal.SIGTERM)
+
+        try:
+            return drain(self.main_dsn, n, self.args.cap, start, PGFENCE_PROBE, stop)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; log: {self.tail(name)}") from None
+
+    def bench_io(self) -> None:
+        a = self.args
+        wait, n = a.io_wait_ms, a.io_n
+        http = self.start_http()
+        try:
+            self._bench_io(wait, n)
+        finally:
+            WORKLOAD_PIDS.remove(http.pid)
+            stop_process(http, signal.SIGTERM, 5)
+
+    def _bench_io(self, wait: int, n: int) -> None:
+        a = self.args
+        os.environ["PGFENCE_BENCH_IO_WAIT_MS"] = str(wait)
+        self.pgfence.env["PGFENCE_BENCH_IO_WAIT_MS"] = str(wait)
+        self.metrics["io"] = {"wait_ms": wait, "n": n}
+        sync_mod, async_mod = "bench.drivers.pgfence_io_sync", "bench.drivers.pgfence_io_async"
+        # pgfence: threads, then async; every variant at the main configuration.
+        configs = [("threads", 2, ["--threads", "32"], sync_mod, tuple(IO_VARIANTS)),
+                   ("threads", 2, ["--threads", "16"], sync_mod, ("sleep",)),
+                   ("async", 2, ["--async-concurrency", "200"], async_mod, tuple(IO_VARIANTS)),
+                   ("async", 2, ["--async-concurrency", "500"], async_mod, ("sleep",))]
+        for side, workers, many, module, variants in configs:
+            for variant in variants:
+                config = f"--workers {workers} {' '.join(many)}"
+                key = f"io_pgfence_{side}_w{workers}_{many[1]}_{variant}"
+                log(f"io: pgfence {side}, {config}, {variant} {wait} ms, N={n:,}")
+                self.io_series(key, f"pgfence {side}, {IO_VARIANTS[variant]}", config, n,
+                               lambda pool, v=variant, w=workers, m=many, mod=module:
+                               self.pgfence_io_once(pool, n, v, w, mod, m), workers * int(many[1]))
+        if a.io_gc_freeze:
+            # gc.freeze() is always on in the arbiter; a sitecustomize on
+            # PYTHONPATH (bench/nofreeze) makes it a no-op for one comparison.
+            nofreeze = {"PYTHONPATH": str(BENCH / "nofreeze")}
+            log(f"io: pgfence async, --workers 2 --async-concurrency 200, sleep, gc.freeze() disabled, N={n:,}")
+            self.io_series("io_pgfence_async_w2_200_sleep_nofreeze", "pgfence async (gc.freeze() off), sleep",
+                           "--workers 2 --async-concurrency 200", n,
+                           lambda pool: self.pgfence_io_once(pool, n, "sleep", 2, async_mod,
+                                                             ["--async-concurrency", "200"], nofreeze), 400)
+        # The one-job pgbench reference of the fenced-row goal (16 clients).
+        if "pgbench_one_c16" not in self.series:
+            one = self.render_pgbench("claim_complete.sql", 1)
+            nb = max(2000, n) // 16 * 16      # pgbench runs N / 16 transactions per client: none left over
+            log(f"io: pgbench, pgfence claim of one job + fenced complete, -c 16, N={nb:,} (the fenced-row reference)")
+            self.measure("pgbench_one_c16", "pgbench: pgfence claim 1 + complete", "-c 16 -j 2 -M prepared", nb,
+                         lambda: self.pgbench_once(one, 16, nb, 1))
+        self.io_pgqueuer(n)
+        self.io_procrastinate(n)
+        self.io_celery(n)
+        self.io_dramatiq(n)
+
+    def io_pgqueuer(self, n: int) -> None:
+        a = self.args
+        dsn = self.server.create("io_pgqueuer")
+        probe = Probe(
+            left="SELECT EXISTS (SELECT 1 FROM pgqueuer)",
+            started="SELECT EXISTS (SELECT 1 FROM pgqueuer_log WHERE status = 'picked')",
+            window="SELECT count(*) FILTER (WHERE status = 'successful'), "
+                   "extract(epoch FROM max(created) FILTER (WHERE status = 'successful') "
+                   "- min(created) FILTER (WHERE status = 'picked'))::float8 FROM pgqueuer_log")
+        batch, most = a.io_pgqueuer_batch, a.io_pgqueuer_concurrency
+        for processes, variant in ((1, "sleep"), (2, "sleep"), (2, "http")):
+            entry = f"io_{variant}"
+            name = f"io-pgqueuer-{variant}-{processes}"
+            config = f"{processes} process{'es' if processes > 1 else ''}, batch {batch}, max_concurrent_tasks {most}"
+            log(f"io: pgqueuer (asyncpg), {config}, {variant}, N={n:,}")
+
+            def once(pool: PoolMemory, processes=processes, entry=entry, name=name) -> Run:
+                subprocess.run([str(BENCH_PY), "-m", "drivers.pgqueuer_worker", "setup", dsn, str(n), entry],
+                               cwd=BENCH, check=True, stdout=self.logfile(name), stderr=subprocess.STDOUT)
+                execute(dsn, "VACUUM ANALYZE pgqueuer", "VACUUM ANALYZE pgqueuer_log", "CHECKPOINT")
+
+                def start() -> list[subprocess.Popen]:
+                    procs = [self.start_driver("pgqueuer_worker", "work", dsn, "apg", str(batch), entry, str(most),
+                                               name=name) for _ in range(processes)]
+                    pool.start(procs)
+                    return procs
+                return drain(dsn, n, a.cap, start, probe, self.wait_exit)
+
+            self.io_series(f"io_pgqueuer_p{processes}_{variant}", f"pgqueuer, {IO_VARIANTS[variant]}", config, n, once,
+                           processes * most)
+
+    def io_procrastinate(self, n: int) -> None:
+        a = self.args
+        dsn = self.server.create("io_procrastinate")
+        n = max(500, n // 2)             # far slower: keeps it within the cap
+        processes, concurrency = 2, a.io_procrastinate_concurrency
+        probe = Probe(
+            left="SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))",
+            started="SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status <> 'todo')",
+            window="SELECT count(*) FILTER (WHERE type = 'succeeded'), "
+                   "extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded') "
+                   "- min(at) FILTER (WHERE type = 'started'))::float8 FROM procrastinate_events")
+        config = f"{processes} processes, concurrency {concurrency}"
+        log(f"io: procrastinate, {config}, sleep, N={n:,}")
+
+        def once(pool: PoolMemory) -> Run:
+            subprocess.run([str(BENCH_PY), "-m", "drivers.procrastinate_worker", "setup", dsn, str(n), "io_sleep"],
+                           cwd=BENCH, check=True, stdout=self.logfile("io-procrastinate"), stderr=subprocess.STDOUT)
+            execute(dsn, "VACUUM ANALYZE procrastinate_jobs", "CHECKPOINT")
+
+            def start() -> list[subprocess.Popen]:
+                procs = [self.start_driver("procrastinate_worker", "work", dsn, str(concurrency),
+                                           name="io-procrastinate") for _ in range(processes)]
+                pool.start(procs)
+                return procs
+            return drain(dsn, n, a.cap, start, probe, self.wait_exit)
+
+        self.io_series("io_procrastinate_sleep", "procrastinate, sleep", config, n, once, processes * concurrency)
+
+    def redis_once(self, pool: PoolMemory, module: str, url: str, n: int, task: str, worker: list[str],
+                   name: str) -> Run:
+        """Celery or Dramatiq: N tasks sent first, then the workers started;
+        each task records its start and end (drivers.redisclock)."""
+        import redis as _redis  # noqa: F401 - fail early if the venv lacks it
+
+        from drivers import redisclock
+        env = {**os.environ}
+        subprocess.run([str(BENCH_PY), "-m", f"drivers.{module}", "setup", str(n), task], cwd=BENCH, check=True,
+                       stdout=self.logfile(name), stderr=subprocess.STDOUT, env=env)
+
+        def start() -> list[subprocess.Popen]:
+            procs = [subprocess.Popen([str(BENCH_PY), "-m", *worker], cwd=BENCH, stdout=self.logfile(name),
+                                      stderr=subprocess.STDOUT, start_new_session=True, env=env)]
+            pool.start(procs)
+            return procs
+
+        def stop(procs: list[subprocess.Popen]) -> None:
+            pool.stop()
+            for p in procs:
+                stop_process(p, signal.SIGTERM, 15)
+
+        try:
+            return drain_counted(n, self.args.cap, start, stop, lambda: redisclock.done(url),
+                                 lambda: redisclock.window(url))
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; log: {self.tail(name)}") from None
+
+    def io_celery(self, n: int) -> None:
+        url = os.environ.setdefault("PGFENCE_BENCH_CELERY_BROKER", "redis://127.0.0.1:6379/11")
+        base = ["celery", "-A", "drivers.celery_io", "worker", "--without-gossip", "--without-mingle",
+                "--without-heartbeat", "--loglevel", "WARNING"]
+        # Prefork at 8 processes runs about 8 / 0.05 = 160 tasks/s at best: a smaller N.
+        for pool_name, c, variant, count in (("threads", 64, "sleep", n), ("threads", 64, "http", n),
+                                              ("prefork", 8, "sleep", max(300, n * 3 // 10))):
+            config = f"--pool {pool_name} -c {c}, Redis broker"
+            log(f"io: Celery, {config}, {variant}, N={count:,}")
+            self.io_series(f"io_celery_{pool_name}{c}_{variant}", f"Celery 5, {IO_VARIANTS[variant]}", config, count,
+                           lambda pool, v=variant, p=pool_name, c=c, count=count:
+                           self.redis_once(pool, "celery_io", url, count, f"io_{v}",
+                                           [*base, "--pool", p, "-c", str(c)], f"io-celery-{p}-{v}"), c)
+
+    def io_dramatiq(self, n: int) -> None:
+        url = os.environ.setdefault("PGFENCE_BENCH_DRAMATIQ_BROKER", "redis://127.0.0.1:6379/12")
+        processes, threads = 2, 32
+        config = f"--processes {processes} --threads {threads}, Redis broker"
+        for variant in ("sleep", "http"):
+            log(f"io: Dramatiq, {config}, {variant}, N={n:,}")
+            self.io_series(f"io_dramatiq_p{processes}t{threads}_{variant}", f"Dramatiq 2, {IO_VARIANTS[variant]}",
+                           config, n,
+                           lambda pool, v=variant: self.redis_once(
+                               pool, "dramatiq_io", url, n, f"io_{v}",
+                               ["dramatiq", "drivers.dramatiq_io", "--processes", str(processes),
+                                "--threads", str(threads)], f"io-dramatiq-{v}"), processes * threads)
 
     # -- pickup latency ----------------------------------------------------------------
 
@@ -504,7 +740,8 @@ class Bench:
             "machine": machine_facts(self.server),
             "pgfence": self.pgfence.describe(),
             "settings": {"n": self.args.n, "n_small": self.args.n_small, "runs": self.args.runs,
-                         "cap_s": self.args.cap},
+                         "cap_s": self.args.cap, "io_runs": self.args.io_runs or self.args.runs,
+                         "io_wait_ms": self.args.io_wait_ms, "io_n": self.args.io_n},
             "throughput": {k: s.as_dict() for k, s in self.series.items()},
             "metrics": self.metrics,
             "goals": goals(self.series, self.metrics),
@@ -577,10 +814,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--claims", type=int, default=1000, help="claims timed on each table (default 1,000)")
     p.add_argument("--finished-rows", type=int, default=1_000_000, help="finished rows for the claim cost")
     p.add_argument("--procrastinate-concurrency", type=int, default=10)
+    p.add_argument("--io-wait-ms", type=int, default=50, help="the io section's wait per job, ms (default 50)")
+    p.add_argument("--io-n", type=int, default=5000,
+                   help="jobs per io run (default 5,000; procrastinate half, Celery prefork 30%%)")
+    p.add_argument("--io-runs", type=int, help="runs per io figure (default: --runs)")
+    p.add_argument("--io-pgqueuer-batch", type=int, default=50)
+    p.add_argument("--io-pgqueuer-concurrency", type=int, default=500, help="pgqueuer's max_concurrent_tasks")
+    p.add_argument("--io-procrastinate-concurrency", type=int, default=100, help="per process")
+    p.add_argument("--no-io-gc-freeze", dest="io_gc_freeze", action="store_false",
+                   help="skip the io run with gc.freeze() disabled")
     p.add_argument("--only", default=",".join(SECTIONS),
                    help=f"comma-separated sections to run (default: all of {','.join(SECTIONS)})")
-    p.add_argument("--pgfence-configs", dest="configs", help="pgfence no-op configurations as WORKERSxBATCH, comma-separated "
-                                             "(default 2x1,4x1,2x50,4x50,2x100,4x100,2x200,4x200)")
+    p.add_argument("--pgfence-configs", dest="configs",
+                   help="pgfence no-op configurations as WORKERSxBATCH, comma-separated, batch 0 for no --batch "
+                        "(default 4x0,2x1,4x1,2x50,4x50,2x100,4x100,2x200,4x200)")
     p.add_argument("--quick", action="store_true", help="a smoke run: small N, one run each, fewer configurations")
     p.add_argument("--keep", action="store_true", help="keep the pgfence_bench_* databases")
     p.add_argument("--json", default=str(RESULTS / "latest.json"), help="where to write the JSON results")
@@ -590,11 +837,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = args.only - set(SECTIONS)
     if unknown:
         p.error(f"unknown section(s): {', '.join(sorted(unknown))}")
-    args.pgfence_configs = [(2, 1), (4, 1), (2, 50), (4, 50), (2, 100), (4, 100), (2, 200), (4, 200)]
+    args.pgfence_configs = [(4, 0), (2, 1), (4, 1), (2, 50), (4, 50), (2, 100), (4, 100), (2, 200), (4, 200)]
     args.effect_batches = [1, 50]
     if args.quick:
         args.n, args.n_small, args.runs, args.claims, args.finished_rows = 4000, 2000, 1, 200, 100_000
-        args.pgfence_configs = [(4, 1), (2, 100)]
+        args.pgfence_configs = [(4, 0), (4, 1), (2, 100)]
+        args.io_n = 600
         args.effect_batches = [1]
     if args.configs:
         try:

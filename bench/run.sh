@@ -2,11 +2,11 @@
 # The pgfence benchmark: one command, every number side by side on the local
 # PostgreSQL (127.0.0.1:5432, user postgres).  See bench/README.md.
 #
-#   bench/run.sh               # the full run (about 15 minutes on 2 cores)
+#   bench/run.sh               # the full run (about 28 minutes on 2 cores)
 #   bench/run.sh --quick       # a smoke run: small N, one run each
 #   bench/run.sh --help
 #
-# It makes bench/.venv (pgqueuer, procrastinate, py-spy: never in the
+# It makes bench/.venv (pgqueuer, procrastinate, Celery, Dramatiq, py-spy: never in the
 # project's own environment) and uses the project's .venv for pgfence itself,
 # creating it if it is missing.
 set -euo pipefail

@@ -1,13 +1,18 @@
 """pgqueuer through its public API: a no-op async entrypoint, drained by
 ``PgQueuer.run(batch_size=..., mode=drain)`` on the asyncpg or psycopg driver.
 
-    python -m drivers.pgqueuer_worker setup DSN N
-    python -m drivers.pgqueuer_worker work DSN {apg|psy} BATCH
+    python -m drivers.pgqueuer_worker setup DSN N [ENTRYPOINT]
+    python -m drivers.pgqueuer_worker work DSN {apg|psy} BATCH [ENTRYPOINT [MAX_CONCURRENT_TASKS]]
+
+ENTRYPOINT is ``noop`` (the default), or for the io section ``io_sleep``
+(``asyncio.sleep`` of ``PGFENCE_BENCH_IO_WAIT_MS``) or ``io_http`` (a GET to
+the harness's delaying HTTP server, ``drivers.ioclient``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 
 from pgqueuer import PgQueuer
@@ -17,6 +22,7 @@ from pgqueuer.queries import Queries
 from pgqueuer.types import QueueExecutionMode
 
 ENTRYPOINT = "noop"
+WAIT = float(os.environ.get("PGFENCE_BENCH_IO_WAIT_MS", "50")) / 1000
 
 
 async def connect(dsn: str, driver: str):
@@ -31,7 +37,7 @@ async def connect(dsn: str, driver: str):
     raise SystemExit(f"unknown driver {driver!r}")
 
 
-async def setup(dsn: str, n: int) -> None:
+async def setup(dsn: str, n: int, entrypoint: str = ENTRYPOINT) -> None:
     queries = Queries(await connect(dsn, "apg"))
     if not await queries.has_table("pgqueuer"):
         await queries.install()
@@ -41,28 +47,46 @@ async def setup(dsn: str, n: int) -> None:
     chunk = 10_000
     for start in range(0, n, chunk):
         size = min(chunk, n - start)
-        await queries.enqueue([ENTRYPOINT] * size, [None] * size, [0] * size)
+        await queries.enqueue([entrypoint] * size, [None] * size, [0] * size)
 
 
-async def work(dsn: str, driver: str, batch: int) -> None:
+async def work(dsn: str, driver: str, batch: int, entrypoint: str = ENTRYPOINT,
+               max_concurrent: int | None = None) -> None:
     pgq = PgQueuer(await connect(dsn, driver))
 
-    @pgq.entrypoint(ENTRYPOINT)
-    async def noop(job: Job) -> None:
-        """Does nothing, like pgfence's noop handler."""
+    if entrypoint == "noop":
+        @pgq.entrypoint("noop")
+        async def noop(job: Job) -> None:
+            """Does nothing, like pgfence's noop handler."""
+    elif entrypoint == "io_sleep":
+        @pgq.entrypoint("io_sleep")
+        async def io_sleep(job: Job) -> None:
+            await asyncio.sleep(WAIT)
+    elif entrypoint == "io_http":
+        from drivers.ioclient import get_async
 
-    await pgq.run(batch_size=batch, mode=QueueExecutionMode.drain)
+        @pgq.entrypoint("io_http")
+        async def io_http(job: Job) -> None:
+            if await get_async() != 200:
+                raise RuntimeError("HTTP error")
+    else:
+        raise SystemExit(f"unknown entrypoint {entrypoint!r}")
+
+    await pgq.run(batch_size=batch, mode=QueueExecutionMode.drain, max_concurrent_tasks=max_concurrent)
 
 
 def main(argv: list[str]) -> None:
     if argv[0] == "setup":
-        asyncio.run(setup(argv[1], int(argv[2])))
+        asyncio.run(setup(argv[1], int(argv[2]), *argv[3:4]))
     elif argv[0] == "work":
+        entrypoint = argv[4] if len(argv) > 4 else ENTRYPOINT
+        most = int(argv[5]) if len(argv) > 5 else None
         try:
             import uvloop
-            uvloop.run(work(argv[1], argv[2], int(argv[3])))
         except ImportError:
-            asyncio.run(work(argv[1], argv[2], int(argv[3])))
+            asyncio.run(work(argv[1], argv[2], int(argv[3]), entrypoint, most))
+        else:
+            uvloop.run(work(argv[1], argv[2], int(argv[3]), entrypoint, most))
     else:
         raise SystemExit(__doc__)
 
