@@ -317,3 +317,32 @@ def test_a_claim_with_kinds_takes_only_those_kinds_queued_or_expired(conn):
     rows = conn.execute(q("claim"), claim_params("k4", batch=5, not_kinds=["sleep"])).fetchall()
     assert sorted(r[0] for r in rows) == [fail, unknown]
     assert job_row(conn, sleep2)["status"] == "queued"
+
+
+def test_a_many_jobs_worker_plans_its_own_statements_generically_and_a_one_job_worker_does_not(dsn, conn):
+    """The own session of a worker whose jobs write elsewhere (threads,
+    async) plans pgfence's prepared statements once, generically: the claim
+    is then prepared with a generic plan that uses the claim indexes, and
+    claims as before.  A one-job worker's session, which also runs its
+    handlers' statements, and one without prepared statements (PgBouncer)
+    keep the server's default."""
+    from pgfence.settings import Settings
+    from pgfence.worker.concurrent import ConcurrentWorker
+
+    ids = [enqueue(conn, "noop") for _ in range(3)]
+    many = ConcurrentWorker(dsn, Settings(renew=False, threads=4), name="many")
+    one = Worker(dsn, Settings(renew=False), name="one")
+    unprepared = ConcurrentWorker(dsn, Settings(renew=False, threads=4, prepare=False), name="bouncer")
+    try:
+        assert many.conn.execute("SHOW plan_cache_mode").fetchone()[0] == "force_generic_plan"
+        assert one.conn.execute("SHOW plan_cache_mode").fetchone()[0] == "auto"
+        assert unprepared.conn.execute("SHOW plan_cache_mode").fetchone()[0] == "auto"
+        claimed = many.claim(2)
+        assert [j.id for j in claimed] == ids[:2]
+        plans = many.conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                                  " WHERE statement LIKE 'WITH candidates%'").fetchall()
+        assert plans == [(1, 0)]
+        assert [j.id for j in one.claim(5)] == ids[2:]
+    finally:
+        for w in (many, one, unprepared):
+            w.close()

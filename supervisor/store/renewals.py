@@ -19,6 +19,13 @@ def session_settings(conn: psycopg.Connection, idle_ms: str) -> None:
     conn.execute(q("session_settings"), {"idle_ms": idle_ms})
 
 
+def generic_plans(conn: psycopg.Connection) -> None:
+    """For the rest of the session: prepared statements planned once,
+    generically (see sql/queries/session.sql); only on a session that runs
+    pgfence's own statements alone."""
+    conn.execute(q("generic_plans"))
+
+
 def renewal_settings(conn: psycopg.Connection, *, statement_ms: str, idle_ms: str) -> None:
     """For the rest of the caller's transaction (a renewal): a statement
     timeout, an idle-in-transaction timeout, and no sequential scan."""

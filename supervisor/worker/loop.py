@@ -143,6 +143,11 @@ class Worker:
         #: they write on the worker's own connection).
         self.pool: ConnectionPool | None = None
 
+    #: Whether the worker's own connection runs pgfence's statements alone
+    #: (its jobs write on connections of their own): it then plans them
+    #: generically, once (see store.renewals.generic_plans).
+    own_statements_only = False
+
     # -- connection -----------------------------------------------------------
 
     @property
@@ -155,6 +160,8 @@ class Worker:
             # hold its rows' locks for ever (see session_settings).
             with db.translated(self.dsn):
                 renewals.session_settings(conn, self.settings.idle_in_transaction_ms)
+                if self.own_statements_only and self.settings.prepare:
+                    renewals.generic_plans(conn)
             # Listen before the first claim, so that no enqueue can fall
             # between a claim that found nothing and the LISTEN.  Behind a
             # transaction-pooling PgBouncer there is no session to listen
