@@ -69,6 +69,22 @@ SECTIONS = ("pgfence", "effect", "pgqueuer", "procrastinate", "naive", "pgbench"
 #: The io section's variants: what each job does during its wait.
 IO_VARIANTS = {"sleep": "sleep", "http": "HTTP call", "row": "fenced row"}
 
+#: How the drains of pgqueuer and procrastinate are watched: jobs left, the
+#: first job taken, and (jobs done, first taken to last done) on the database
+#: clock, from each system's own tables.
+PGQUEUER_PROBE = Probe(
+    left="SELECT EXISTS (SELECT 1 FROM pgqueuer)",
+    started="SELECT EXISTS (SELECT 1 FROM pgqueuer_log WHERE status = 'picked')",
+    window="SELECT count(*) FILTER (WHERE status = 'successful'), "
+           "extract(epoch FROM max(created) FILTER (WHERE status = 'successful') "
+           "- min(created) FILTER (WHERE status = 'picked'))::float8 FROM pgqueuer_log")
+PROCRASTINATE_PROBE = Probe(
+    left="SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))",
+    started="SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status <> 'todo')",
+    window="SELECT count(*) FILTER (WHERE type = 'succeeded'), "
+           "extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded') "
+           "- min(at) FILTER (WHERE type = 'started'))::float8 FROM procrastinate_events")
+
 
 class Bench:
     def __init__(self, args: argparse.Namespace):
@@ -180,12 +196,7 @@ class Bench:
     def bench_pgqueuer(self) -> None:
         a = self.args
         dsn = self.server.create("pgqueuer")
-        probe = Probe(
-            left="SELECT EXISTS (SELECT 1 FROM pgqueuer)",
-            started="SELECT EXISTS (SELECT 1 FROM pgqueuer_log WHERE status = 'picked')",
-            window="SELECT count(*) FILTER (WHERE status = 'successful'), "
-                   "extract(epoch FROM max(created) FILTER (WHERE status = 'successful') "
-                   "- min(created) FILTER (WHERE status = 'picked'))::float8 FROM pgqueuer_log")
+        probe = PGQUEUER_PROBE
         processes, batch = 2, 100
         for driver, label, n in (("apg", "asyncpg", a.n), ("psy", "psycopg", a.n_small)):
             name = f"pgqueuer-{driver}"
@@ -207,12 +218,7 @@ class Bench:
         a = self.args
         dsn = self.server.create("procrastinate")
         n, processes, concurrency = a.n_small, 2, a.procrastinate_concurrency
-        probe = Probe(
-            left="SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))",
-            started="SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status <> 'todo')",
-            window="SELECT count(*) FILTER (WHERE type = 'succeeded'), "
-                   "extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded') "
-                   "- min(at) FILTER (WHERE type = 'started'))::float8 FROM procrastinate_events")
+        probe = PROCRASTINATE_PROBE
         log(f"procrastinate, {processes} processes, concurrency {concurrency}, N={n:,}")
 
         def once() -> Run:
@@ -428,12 +434,7 @@ class Bench:
     def io_pgqueuer(self, n: int) -> None:
         a = self.args
         dsn = self.server.create("io_pgqueuer")
-        probe = Probe(
-            left="SELECT EXISTS (SELECT 1 FROM pgqueuer)",
-            started="SELECT EXISTS (SELECT 1 FROM pgqueuer_log WHERE status = 'picked')",
-            window="SELECT count(*) FILTER (WHERE status = 'successful'), "
-                   "extract(epoch FROM max(created) FILTER (WHERE status = 'successful') "
-                   "- min(created) FILTER (WHERE status = 'picked'))::float8 FROM pgqueuer_log")
+        probe = PGQUEUER_PROBE
         batch, most = a.io_pgqueuer_batch, a.io_pgqueuer_concurrency
         for processes, variant in ((1, "sleep"), (2, "sleep"), (2, "http")):
             entry = f"io_{variant}"
@@ -461,12 +462,7 @@ class Bench:
         dsn = self.server.create("io_procrastinate")
         n = max(500, n // 2)             # far slower: keeps it within the cap
         processes, concurrency = 2, a.io_procrastinate_concurrency
-        probe = Probe(
-            left="SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))",
-            started="SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status <> 'todo')",
-            window="SELECT count(*) FILTER (WHERE type = 'succeeded'), "
-                   "extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded') "
-                   "- min(at) FILTER (WHERE type = 'started'))::float8 FROM procrastinate_events")
+        probe = PROCRASTINATE_PROBE
         config = f"{processes} processes, concurrency {concurrency}"
         log(f"io: procrastinate, {config}, sleep, N={n:,}")
 

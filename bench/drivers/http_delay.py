@@ -15,6 +15,8 @@ import asyncio
 import resource
 import sys
 
+from drivers.ioclient import read_message
+
 BODY = b"ok"
 REPLY = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " + str(len(BODY)).encode()
          + b"\r\nConnection: keep-alive\r\n\r\n" + BODY)
@@ -24,13 +26,7 @@ async def serve(port: int, delay: float) -> None:
     async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line[:15].lower() == b"content-length:":
-                        length = int(line[15:].strip() or 0)
-                if length:
-                    await reader.readexactly(length)
+                await read_message(reader)
                 await asyncio.sleep(delay)
                 writer.write(REPLY)
                 await writer.drain()

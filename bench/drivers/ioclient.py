@@ -13,6 +13,20 @@ import http.client
 import os
 import threading
 
+
+async def read_message(reader: asyncio.StreamReader) -> bytes:
+    """Read one HTTP/1.1 message (head, then a Content-Length body) off
+    ``reader``; its head.  Shared by the client here and the server."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line[:15].lower() == b"content-length:":
+            length = int(line[15:].strip() or 0)
+    if length:
+        await reader.readexactly(length)
+    return head
+
+
 HOST = "127.0.0.1"
 REQUEST = b"GET /wait HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n"
 
@@ -56,13 +70,7 @@ async def get_async() -> int:
             reader, writer = await asyncio.open_connection(HOST, port())
         try:
             writer.write(REQUEST)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:].strip() or 0)
-            if length:
-                await reader.readexactly(length)
+            head = await read_message(reader)
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
             if attempt:
