@@ -120,12 +120,11 @@ class ConcurrentWorker(Worker):
         self._flights: dict[tuple[int, int], Flight] = {}
         self._running = [0, 0]          # [threads, loop]
         self._deferred: list[JobBase] = []
-        #: Deferred jobs of the threads and of the loop: still tracked, so
-        #: still in their side's count until completed.
+        #: Deferred jobs of the threads and of the loop, waiting for the
+        #: completer or in its statement: still tracked (their leases, their
+        #: entries in the slot table), so still in their side's count until
+        #: their completion has run.
         self._held = [0, 0]
-        #: Deferred jobs the completer has taken and not yet completed: still
-        #: tracked (their leases, their entries in the slot table) too.
-        self._flushing = [0, 0]
         #: Set when a job ends without writing: the completer's cue.
         self._completions = threading.Event()
         self._completer_stop = threading.Event()
@@ -207,9 +206,8 @@ class ConcurrentWorker(Worker):
             # twice the capacity) stays held until the completer's statement
             # that completes it has run.  Should completions fall behind by
             # more than the capacity, the claims wait for them.
-            held = [h + f for h, f in zip(self._held, self._flushing, strict=True)]
-            return (self.threads - self._running[0] - max(0, held[0] - self.threads),
-                    self.async_slots - self._running[1] - max(0, held[1] - self.async_slots))
+            return (self.threads - self._running[0] - max(0, self._held[0] - self.threads),
+                    self.async_slots - self._running[1] - max(0, self._held[1] - self.async_slots))
 
     def claim_plan(self) -> list[Claim]:
         """The claims to try, in turn, until one brings jobs: how many jobs
@@ -336,15 +334,18 @@ class ConcurrentWorker(Worker):
         writing."""
         with self._lock:
             done, self._deferred = self._deferred, []
-            taken, self._held = self._held, [0, 0]
-            self._flushing = [f + t for f, t in zip(self._flushing, taken, strict=True)]
+        if not done:
+            return
+        # Counted first: complete_deferred empties the list.
+        on_loop = sum(isinstance(job, AsyncJob) for job in done)
+        on_threads = len(done) - on_loop
         try:
-            if done:
-                self.complete_deferred(done)  # type: ignore[arg-type]
+            self.complete_deferred(done)  # type: ignore[arg-type]
         finally:
             # Completed or not, their leases are untracked now.
             with self._lock:
-                self._flushing = [f - t for f, t in zip(self._flushing, taken, strict=True)]
+                self._held[0] -= on_threads
+                self._held[1] -= on_loop
             self._wake.set()
 
     def _complete_loop(self) -> None:
