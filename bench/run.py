@@ -68,6 +68,9 @@ SECTIONS = ("pgfence", "effect", "pgqueuer", "procrastinate", "naive", "pgbench"
             "claim", "memory", "profile")
 #: The io section's variants: what each job does during its wait.
 IO_VARIANTS = {"sleep": "sleep", "http": "HTTP call", "row": "fenced row"}
+#: The io section's systems (--io-systems picks some); pgbench is the
+#: fenced-row goal's reference.
+IO_SYSTEMS = ("pgfence-threads", "pgfence-async", "pgbench", "pgqueuer", "procrastinate", "celery", "dramatiq")
 
 #: How the drains of pgqueuer and procrastinate are watched: jobs left, the
 #: first job taken, and (jobs done, first taken to last done) on the database
@@ -403,6 +406,8 @@ class Bench:
                    ("async", 2, ["--async-concurrency", "200"], async_mod, tuple(IO_VARIANTS)),
                    ("async", 2, ["--async-concurrency", "500"], async_mod, ("sleep",))]
         for side, workers, many, module, variants in configs:
+            if f"pgfence-{side}" not in a.io_systems:
+                continue
             for variant in variants:
                 config = f"--workers {workers} {' '.join(many)}"
                 key = f"io_pgfence_{side}_w{workers}_{many[1]}_{variant}"
@@ -410,7 +415,7 @@ class Bench:
                 self.io_series(key, f"pgfence {side}, {IO_VARIANTS[variant]}", config, n,
                                lambda pool, v=variant, w=workers, m=many, mod=module:
                                self.pgfence_io_once(pool, n, v, w, mod, m), workers * int(many[1]))
-        if a.io_gc_freeze:
+        if a.io_gc_freeze and "pgfence-async" in a.io_systems:
             # gc.freeze() is always on in the arbiter; a sitecustomize on
             # PYTHONPATH (bench/nofreeze) makes it a no-op for one comparison.
             nofreeze = {"PYTHONPATH": str(BENCH / "nofreeze")}
@@ -420,16 +425,15 @@ class Bench:
                            lambda pool: self.pgfence_io_once(pool, n, "sleep", 2, async_mod,
                                                              ["--async-concurrency", "200"], nofreeze), 400)
         # The one-job pgbench reference of the fenced-row goal (16 clients).
-        if "pgbench_one_c16" not in self.series:
+        if "pgbench_one_c16" not in self.series and "pgbench" in a.io_systems:
             one = self.render_pgbench("claim_complete.sql", 1)
             nb = max(2000, n) // 16 * 16      # pgbench runs N / 16 transactions per client: none left over
             log(f"io: pgbench, pgfence claim of one job + fenced complete, -c 16, N={nb:,} (the fenced-row reference)")
             self.measure("pgbench_one_c16", "pgbench: pgfence claim 1 + complete", "-c 16 -j 2 -M prepared", nb,
                          lambda: self.pgbench_once(one, 16, nb, 1))
-        self.io_pgqueuer(n)
-        self.io_procrastinate(n)
-        self.io_celery(n)
-        self.io_dramatiq(n)
+        for system in ("pgqueuer", "procrastinate", "celery", "dramatiq"):
+            if system in a.io_systems:
+                getattr(self, f"io_{system}")(n)
 
     def io_pgqueuer(self, n: int) -> None:
         a = self.args
@@ -819,6 +823,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--io-procrastinate-concurrency", type=int, default=100, help="per process")
     p.add_argument("--no-io-gc-freeze", dest="io_gc_freeze", action="store_false",
                    help="skip the io run with gc.freeze() disabled")
+    p.add_argument("--io-systems", default=",".join(IO_SYSTEMS),
+                   help=f"comma-separated systems the io section runs (default: all of {','.join(IO_SYSTEMS)}), "
+                        "e.g. pgfence-async,pgqueuer to iterate on one comparison")
     p.add_argument("--only", default=",".join(SECTIONS),
                    help=f"comma-separated sections to run (default: all of {','.join(SECTIONS)})")
     p.add_argument("--pgfence-configs", dest="configs",
@@ -833,6 +840,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = args.only - set(SECTIONS)
     if unknown:
         p.error(f"unknown section(s): {', '.join(sorted(unknown))}")
+    args.io_systems = set(args.io_systems.split(","))
+    unknown = args.io_systems - set(IO_SYSTEMS)
+    if unknown:
+        p.error(f"unknown io system(s): {', '.join(sorted(unknown))}")
     args.pgfence_configs = [(4, 0), (2, 1), (4, 1), (2, 50), (4, 50), (2, 100), (4, 100), (2, 200), (4, 200)]
     args.effect_batches = [1, 50]
     if args.quick:

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import psycopg
@@ -191,10 +191,27 @@ def retrying(run: Callable[[], T], dsn: str | None = None, *, what: str = "state
             with translated(dsn):
                 return run()
         except TransactionConflict as exc:
-            if attempt >= tries:
-                raise
-            log.info("%s: %s; running it again (try %d of %d)", what, exc, attempt + 1, tries)
+            _again(exc, attempt, tries, what)
     raise AssertionError("unreachable")
+
+
+async def retrying_async(run: Callable[[], Awaitable[T]], dsn: str | None = None, *, what: str = "statement",
+                         tries: int = CONFLICT_TRIES) -> T:
+    """:func:`retrying` for a coroutine function."""
+    for attempt in range(1, tries + 1):
+        try:
+            with translated(dsn):
+                return await run()
+        except TransactionConflict as exc:
+            _again(exc, attempt, tries, what)
+    raise AssertionError("unreachable")
+
+
+def _again(exc: TransactionConflict, attempt: int, tries: int, what: str) -> None:
+    """Raise ``exc`` after the last try; else log that it runs again."""
+    if attempt >= tries:
+        raise exc
+    log.info("%s: %s; running it again (try %d of %d)", what, exc, attempt + 1, tries)
 
 
 def array_literal(values: Iterable[int | float]) -> str:
@@ -223,6 +240,17 @@ def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgfen
         return psycopg.connect(
             conninfo(dsn, application_name=application_name),
             autocommit=autocommit,
+            prepare_threshold=prepare_threshold(prepare),
+        )
+
+
+async def connect_async(dsn: str, *, application_name: str = "pgfence",
+                        prepare: bool = False) -> psycopg.AsyncConnection:
+    """:func:`connect` for an event loop: one autocommit connection."""
+    with translated(dsn, connecting=True):
+        return await psycopg.AsyncConnection.connect(
+            conninfo(dsn, application_name=application_name),
+            autocommit=True,
             prepare_threshold=prepare_threshold(prepare),
         )
 

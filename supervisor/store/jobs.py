@@ -68,11 +68,31 @@ def claim(conn: psycopg.Connection, *, queues: Sequence[str], batch: int, worker
     lease of the kinds that have their own; ``reclaim`` also takes running
     jobs whose lease ran out; ``kinds`` (None: any kind) limits the claim
     to those kinds, ``not_kinds`` (None: none) to the other kinds."""
-    params = {"queues": list(queues), "batch": batch, "worker": worker, "lease": lease,
-              "lease_kinds": lease_kinds, "lease_secs": lease_secs, "reclaim": reclaim,
-              "kinds": kinds, "not_kinds": not_kinds}
+    params = _claim_params(queues, batch, worker, lease, lease_kinds, lease_secs, reclaim, kinds, not_kinds)
+    return _claimed(conn.execute(q("claim"), params).fetchall())
+
+
+async def claim_async(conn: psycopg.AsyncConnection, *, queues: Sequence[str], batch: int, worker: str,
+                      lease: float, lease_kinds: list[str], lease_secs: list[float], reclaim: bool,
+                      kinds: list[str] | None = None, not_kinds: list[str] | None = None) -> list[Claimed]:
+    """:func:`claim` on an async connection (the claims a worker's event
+    loop makes for itself)."""
+    params = _claim_params(queues, batch, worker, lease, lease_kinds, lease_secs, reclaim, kinds, not_kinds)
+    cursor = await conn.execute(q("claim"), params)
+    return _claimed(await cursor.fetchall())
+
+
+def _claim_params(queues: Sequence[str], batch: int, worker: str, lease: float, lease_kinds: list[str],
+                  lease_secs: list[float], reclaim: bool, kinds: list[str] | None,
+                  not_kinds: list[str] | None) -> dict[str, object]:
+    return {"queues": list(queues), "batch": batch, "worker": worker, "lease": lease,
+            "lease_kinds": lease_kinds, "lease_secs": lease_secs, "reclaim": reclaim,
+            "kinds": kinds, "not_kinds": not_kinds}
+
+
+def _claimed(fetched: list[tuple[object, ...]]) -> list[Claimed]:
     make = Claimed._make
-    rows = [make(row) for row in conn.execute(q("claim"), params).fetchall()]
+    rows = [make(row) for row in fetched]
     # UPDATE ... RETURNING has no guaranteed order: the batch runs in the
     # claim's order whatever the plan.
     rows.sort(key=_claim_order)
@@ -117,8 +137,18 @@ def raising_completion(job_id: int, attempt: int, *, fence: bool = True) -> tupl
 def complete_many(conn: psycopg.Connection, ids: Iterable[int], attempts: Iterable[int]) -> set[int]:
     """Fenced completion of many jobs in one statement, each by its own
     ``(id, attempt)``; returns the ids that were still owned."""
-    params = {"ids": db.array_literal(ids), "attempts": db.array_literal(attempts)}
-    return {job_id for (job_id,) in conn.execute(q("complete_many"), params)}
+    return {job_id for (job_id,) in conn.execute(q("complete_many"), _many_params(ids, attempts))}
+
+
+async def complete_many_async(conn: psycopg.AsyncConnection, ids: Iterable[int],
+                              attempts: Iterable[int]) -> set[int]:
+    """:func:`complete_many` on an async connection."""
+    cursor = await conn.execute(q("complete_many"), _many_params(ids, attempts))
+    return {job_id for (job_id,) in await cursor.fetchall()}
+
+
+def _many_params(ids: Iterable[int], attempts: Iterable[int]) -> dict[str, str]:
+    return {"ids": db.array_literal(ids), "attempts": db.array_literal(attempts)}
 
 
 class Reported(NamedTuple):

@@ -19,7 +19,6 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgfence.store import db, renewals
-from pgfence.store.queries import q
 
 #: The most connections one worker's event loop opens for its jobs' writes.
 #: A job holds one only inside ``fenced()``/``fenced_writes()`` (a few ms for
@@ -50,7 +49,7 @@ async def open_async_pool(dsn: str, *, size: int, application_name: str, prepare
                           timeout: float) -> AsyncConnectionPool:
     """The event loop's pool, opened on that loop."""
     async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
-        await conn.execute(q("session_settings"), {"idle_ms": idle_ms})
+        await renewals.session_settings_async(conn, idle_ms)
 
     pool: AsyncConnectionPool = AsyncConnectionPool(
         db.conninfo(dsn, application_name=application_name), min_size=0, max_size=min(size, ASYNC_MAX),

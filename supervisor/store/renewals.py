@@ -26,6 +26,16 @@ def generic_plans(conn: psycopg.Connection) -> None:
     conn.execute(q("generic_plans"))
 
 
+async def session_settings_async(conn: psycopg.AsyncConnection, idle_ms: str) -> None:
+    """:func:`session_settings` on an async connection."""
+    await conn.execute(q("session_settings"), {"idle_ms": idle_ms})
+
+
+async def generic_plans_async(conn: psycopg.AsyncConnection) -> None:
+    """:func:`generic_plans` on an async connection."""
+    await conn.execute(q("generic_plans"))
+
+
 def renewal_settings(conn: psycopg.Connection, *, statement_ms: str, idle_ms: str) -> None:
     """For the rest of the caller's transaction (a renewal): a statement
     timeout, an idle-in-transaction timeout, and no sequential scan."""

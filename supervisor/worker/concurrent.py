@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,7 @@ from pgfence.store import db, pools
 from pgfence.store import jobs as store
 from pgfence.worker.aio import BLOCKED_AFTER, EventLoop
 from pgfence.worker.lease import Lease
+from pgfence.worker.onloop import EMPTY, LoopClaims
 from pgfence.worker.loop import DEFERRED, DONE, LOST, LeaseTracker, Stats, Worker
 
 log = logging.getLogger("pgfence.worker")
@@ -90,6 +92,8 @@ class Flight:
     returned: bool = False
     #: Given up: its handler outlived its lease by the grace period.
     abandoned: bool = False
+    #: Seconds its handler ran (async jobs; observed with others).
+    elapsed: float = 0.0
 
 
 class ConcurrentWorker(Worker):
@@ -111,6 +115,16 @@ class ConcurrentWorker(Worker):
         #: The kinds the threads run and those the loop runs.
         self._kinds = ([s.kind for s in registry.specs() if not s.is_async],
                        [s.kind for s in registry.specs() if s.is_async])
+        #: A worker whose handlers are all async claims and completes on its
+        #: event loop (see onloop); one with def handlers too, here.
+        self.claims_on_loop = self.with_async and not self._kinds[0]
+        self._loop_claims: LoopClaims | None = None
+        #: The job limit of this run (None: none), read by the loop's claims.
+        self._max_jobs: int | None = None
+        #: Notifications read while the loop claimed (see _claim_round_on_loop).
+        self._notified = 0
+        #: Async jobs that ended in this turn of the loop, and their outcomes.
+        self._turn_ends: list[tuple[Flight, str]] = []
         self.recycle = recycle
         #: Why the worker stopped claiming to be replaced (None: it did not).
         self.recycle_reason: str | None = None
@@ -167,6 +181,9 @@ class ConcurrentWorker(Worker):
             self._apool = self._loop.submit(pools.open_async_pool(
                 self.dsn, size=self.async_slots, application_name=app, prepare=self.settings.prepare,
                 idle_ms=self.settings.idle_in_transaction_ms, timeout=grace)).result()
+            if self.claims_on_loop:
+                self._loop_claims = LoopClaims(self, self._loop)
+                self._loop.submit(self._loop_claims.start()).result()
         metrics.WORKER_CAPACITY.set(self.capacity)
         metrics.WORKER_FREE_SLOTS.set(self.capacity)
 
@@ -228,21 +245,89 @@ class ConcurrentWorker(Worker):
 
     # -- running ------------------------------------------------------------------------
 
-    def _dispatch(self, job: JobBase) -> None:
-        flight = Flight(job, isinstance(job, AsyncJob))
+    def loop_claim_size(self) -> int | None:
+        """How many jobs the loop's next claim may take (see onloop): its
+        free slots, at most ``batch`` and the jobs left to the run's limit;
+        None when the worker claims no more (stopping, recycling, the limit
+        reached, or a release still owed after an outage)."""
+        if self.stopping or self.recycle_reason is not None or self._unreleased:
+            return None
+        size = min(self.batch, self.free()[1])
+        if self._max_jobs is not None:
+            left = self._max_jobs - self._dispatched
+            if left <= 0:
+                return None
+            size = min(size, left)
+        return size
+
+    def dispatch_all(self, jobs: Sequence[JobBase], *, on_loop: bool = False) -> None:
+        """Start a claim's jobs: the ordinary ones on the threads, the async
+        ones as tasks of the loop, all created in one call on the loop's
+        thread (``on_loop``: this is that thread)."""
+        if not jobs:
+            return
+        flights = [Flight(job, isinstance(job, AsyncJob)) for job in jobs]
+        queues: dict[str, int] = {}
         with self._lock:
-            self._flights[job.id, job.attempt] = flight
-            self._running[flight.is_async] += 1
-            self._dispatched += 1
-        metrics.of(metrics.JOBS_IN_FLIGHT, job.queue).inc()
-        self._retitle(job)
-        if flight.is_async:
+            for flight in flights:
+                self._flights[flight.job.id, flight.job.attempt] = flight
+                self._running[flight.is_async] += 1
+                queues[flight.job.queue] = queues.get(flight.job.queue, 0) + 1
+            self._dispatched += len(flights)
+        for queue, count in queues.items():   # once per claim, not per job
+            metrics.of(metrics.JOBS_IN_FLIGHT, queue).inc(count)
+        self._retitle(jobs[-1])
+        tasks = [flight for flight in flights if flight.is_async]
+        for flight in flights:
+            if not flight.is_async:
+                assert self._executor is not None
+                self._executor.submit(self._run_threaded, flight)
+        if tasks and on_loop:
+            self._start_tasks(tasks)
+        elif tasks:
             assert self._loop is not None
-            future: Future[str] = self._loop.submit(self._run_async(flight))
-            future.add_done_callback(lambda f: self._ended(flight, _outcome(f)))
-        else:
-            assert self._executor is not None
-            self._executor.submit(self._run_threaded, flight)
+            self._loop.call(self._start_tasks, tasks)
+
+    def _start_tasks(self, flights: list[Flight]) -> None:
+        """On the loop's thread: a task for each async job."""
+        loop = asyncio.get_running_loop()
+        for flight in flights:
+            task = loop.create_task(self._run_async(flight))
+            task.add_done_callback(functools.partial(self._task_ended, flight))
+
+    def _task_ended(self, flight: Flight, task: asyncio.Task[str]) -> None:
+        """On the loop's thread: an async job ended.  What every job's end
+        updates in the process (the in-flight gauge, the title, the
+        duration histogram, the completed counter) is updated once for all
+        the jobs that end in the same turn of the loop, in a callback that
+        runs right after it."""
+        outcome = _outcome(task)
+        self._ended(flight, outcome)
+        if not self._turn_ends:
+            asyncio.get_running_loop().call_soon(self._after_turn)
+        self._turn_ends.append((flight, outcome))
+
+    def _after_turn(self) -> None:
+        ended, self._turn_ends = self._turn_ends, []
+        queues: dict[str, int] = {}
+        durations: dict[tuple[str, str], list[float]] = {}
+        completed: dict[tuple[str, str], int] = {}
+        for flight, outcome in ended:
+            job = flight.job
+            queues[job.queue] = queues.get(job.queue, 0) + 1
+            durations.setdefault((job.queue, job.kind), []).append(flight.elapsed)
+            if outcome == DONE:
+                completed[job.queue, job.kind] = completed.get((job.queue, job.kind), 0) + 1
+        for queue, count in queues.items():
+            metrics.of(metrics.JOBS_IN_FLIGHT, queue).dec(count)
+        for (queue, kind), values in durations.items():
+            metrics.observe_many(metrics.of(metrics.JOB_DURATION, queue, kind), values)
+        for (queue, kind), count in completed.items():
+            metrics.of(metrics.JOBS_COMPLETED, queue, kind).inc(count)
+        self._retitle(None)
+        if self._loop_claims is not None:
+            self._loop_claims.freed()
+        self._wake.set()
 
     def _run_threaded(self, flight: Flight) -> None:
         outcome = LOST
@@ -282,7 +367,7 @@ class ConcurrentWorker(Worker):
             error = LeaseLost(job.id, job.attempt, "timeout")
         except Exception as exc:  # noqa: BLE001 - a handler may raise anything
             error = exc
-        metrics.of(metrics.JOB_DURATION, job.queue, job.kind).observe(time.monotonic() - started)
+        flight.elapsed = time.monotonic() - started
         if error is not None and flight.abandoned:
             # Given up already (released, retried or failed): nothing to report.
             return LOST
@@ -292,12 +377,11 @@ class ConcurrentWorker(Worker):
             assert self._reporters is not None
             outcome = await asyncio.get_running_loop().run_in_executor(self._reporters, self._after_error,
                                                                       job, error)
-        elif outcome == DONE:
-            metrics.JOBS_COMPLETED.labels(job.queue, job.kind).inc()
         return outcome
 
     def _ended(self, flight: Flight, outcome: str) -> None:
-        """A job's handler returned (on its thread, or on the loop)."""
+        """A job's handler returned (on its thread, or on the loop, where
+        _after_turn does the rest)."""
         job = flight.job
         if flight.is_async:
             if outcome != DEFERRED and self.heartbeat is not None:
@@ -309,11 +393,25 @@ class ConcurrentWorker(Worker):
             self._running[flight.is_async] -= 1
             self._finished += 1
             if outcome == DEFERRED and not flight.abandoned:
-                self._deferred.append(job)
                 self._held[flight.is_async] += 1
-                self._completions.set()
+                if flight.is_async and self._loop_claims is not None:
+                    self._loop_claims.defer(job)   # type: ignore[arg-type]
+                else:
+                    self._deferred.append(job)
+                    self._completions.set()
+        if flight.is_async:
+            return
         metrics.of(metrics.JOBS_IN_FLIGHT, job.queue).dec()
         self._retitle(None)
+        self._wake.set()
+
+    def completed_on_loop(self, count: int) -> None:
+        """On the loop's thread: ``count`` deferred async jobs were completed
+        (or given up) and untracked."""
+        with self._lock:
+            self._held[1] -= count
+        if self._loop_claims is not None:
+            self._loop_claims.freed()
         self._wake.set()
 
     def _retitle(self, job: JobBase | None) -> None:
@@ -472,6 +570,7 @@ class ConcurrentWorker(Worker):
         if self._own is not None:
             self._own.start()
         checked = 0
+        self._max_jobs = max_jobs
         try:
             self.open()
             next_tend = 0.0
@@ -483,6 +582,10 @@ class ConcurrentWorker(Worker):
                     self._tend()
                     next_tend = now + TEND_EVERY / 2
                 if self.stopping or self.recycle_reason is not None:
+                    # The loop's claims stop first: a claim under way there
+                    # starts its jobs, which are then in flight.
+                    if self._loop_claims is not None and not self._loop_claims.halt(TEND_EVERY):
+                        continue
                     if self.in_flight() == 0:
                         break
                     self._wake.wait(TEND_EVERY)
@@ -496,6 +599,10 @@ class ConcurrentWorker(Worker):
                     if enough():
                         self.recycle_reason = "max_memory"
                         continue
+                if self._loop_claims is not None:
+                    if self._claim_round_on_loop(burst):
+                        break
+                    continue
                 plan = self.claim_plan()
                 if max_jobs is not None:
                     # Never claim past the job limit: the jobs over it would
@@ -522,8 +629,7 @@ class ConcurrentWorker(Worker):
                     continue
                 if jobs:
                     self._drain_notifies()
-                    for job in jobs:
-                        self._dispatch(job)
+                    self.dispatch_all(jobs)
                     continue
                 self._maybe_prune()
                 if burst:
@@ -546,6 +652,56 @@ class ConcurrentWorker(Worker):
             self._flush()
         except Exception as exc:  # noqa: BLE001 - stopping: the leases run out and the jobs are reclaimed
             log.warning("could not complete the last jobs: %s", db.first_line(exc))
+        if self._loop_claims is None or self._loop is None:
+            return
+        wait = self.settings.graceful_timeout
+        try:
+            self._loop_claims.halt(wait)
+            self._loop.submit(self._loop_claims.close(wait)).result(wait + 1.0)
+        except Exception as exc:  # noqa: BLE001 - as above; a loop still blocked ends with the process
+            log.warning("could not complete the last jobs of the event loop: %s: %s", type(exc).__name__,
+                        db.first_line(exc))
+
+    def _claim_round_on_loop(self, burst: bool) -> bool:
+        """One round of this thread while the event loop claims for itself
+        (see onloop); True when a burst is over."""
+        claims = self._loop_claims
+        assert claims is not None
+        if not claims.parked.wait(TEND_EVERY / 2):
+            # Read, or psycopg would keep every notification while the loop
+            # claims; counted, since one read during a claim that then finds
+            # nothing may come from an enqueue that claim did not see.
+            self._notified += self._drain_notifies()
+            return False
+        outcome, claims.outcome = claims.outcome, None
+        if isinstance(outcome, DatabaseError):
+            log.warning("%s", outcome)
+            self._stop.wait(self.settings.poll_interval)
+            return False
+        if outcome == EMPTY and self._notified:
+            self._next_claim_at = 0.0        # one more claim, which sees those enqueues
+        elif outcome == EMPTY:
+            self._maybe_prune()
+            if burst:
+                if self.in_flight() == 0:
+                    return True
+                self._wait_for_slot()
+                return False
+            self._next_claim_at = time.monotonic() + self.idle_wait()
+        if time.monotonic() < self._next_claim_at:
+            self._wait(TEND_EVERY / 2)
+            return False
+        try:
+            self._release_unreleased()
+        except DatabaseError as exc:
+            log.warning("%s", exc)
+            self._forget_connection(exc)
+            self._stop.wait(self.settings.poll_interval)
+            return False
+        self._drain_notifies()
+        self._notified = 0
+        claims.resume()
+        return False
 
     def _wait_for_work(self) -> None:   # the base class's idle wait: not used here
         self._wait(TEND_EVERY)
@@ -559,7 +715,7 @@ def _cancel(flight: Flight) -> None:
         flight.task.cancel()
 
 
-def _outcome(future: Future[str]) -> str:
+def _outcome(future: Future[str] | asyncio.Future[str]) -> str:
     """A loop job's outcome; one that raised (a bug here, or a cancel at
     shutdown) lost its job, which its lease brings back."""
     try:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -201,6 +201,15 @@ class Worker:
         """Claim up to ``batch`` jobs (of ``kinds`` only, or of every kind but
         ``not_kinds``, if given); return those to run (a reclaim past its
         budget comes back failed and is not returned)."""
+        args, sent_at = self.claim_args(batch, kinds, not_kinds)
+        with db.translated(self.dsn):
+            rows = store.claim(self.conn, **args)
+        return self.adopt(rows, sent_at)
+
+    def claim_args(self, batch: int | None, kinds: list[str] | None,
+                    not_kinds: list[str] | None) -> tuple[dict[str, Any], float]:
+        """The arguments of one claim statement, and the time it is sent
+        (the start of its leases' deadlines)."""
         specs = registry.specs()
         lease_kinds = [s.kind for s in specs if s.lease is not None]
         lease_secs = [float(s.lease) for s in specs if s.lease is not None]
@@ -210,12 +219,13 @@ class Worker:
         reclaim = sent_at >= self._next_reclaim_scan
         if reclaim:
             self._next_reclaim_scan = sent_at + min(RECLAIM_SCAN_INTERVAL, self.settings.lease / 10)
-        with db.translated(self.dsn):
-            rows = store.claim(self.conn, queues=self.settings.queues,
-                               batch=batch or self.settings.claim_size(with_async=False),
-                               worker=self.name, lease=float(self.settings.lease), lease_kinds=lease_kinds,
-                               lease_secs=lease_secs, reclaim=reclaim, kinds=kinds,
-                               not_kinds=not_kinds)
+        return {"queues": self.settings.queues, "batch": batch or self.settings.claim_size(with_async=False),
+                "worker": self.name, "lease": float(self.settings.lease), "lease_kinds": lease_kinds,
+                "lease_secs": lease_secs, "reclaim": reclaim, "kinds": kinds, "not_kinds": not_kinds}, sent_at
+
+    def adopt(self, rows: list[store.Claimed], sent_at: float) -> list[Job]:
+        """The jobs of a claim's rows, their leases tracked for the heartbeat
+        (a reclaim the claim turned failed is counted, not returned)."""
         jobs = []
         claimed: dict[tuple[str, str], int] = {}
         waits: dict[tuple[str, str], list[float]] = {}
@@ -321,6 +331,13 @@ class Worker:
             log.warning("batched completion failed: %s", exc)
             self._forget_connection(exc)
             done, unavailable = set(), True
+        return self.settle(jobs, done, unavailable=unavailable)
+
+    def settle(self, jobs: list[Job], done: set[int], *, unavailable: bool) -> int:
+        """After a batched completion: the jobs in ``done`` are completed,
+        the others lost (refused by the fence, or, when the database was
+        ``unavailable``, not known to be completed); every lease untracked
+        and ``jobs`` emptied.  Returns how many were completed."""
         completed: dict[tuple[str, str], int] = {}
         for job in jobs:
             if self.heartbeat is not None:
