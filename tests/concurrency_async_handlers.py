@@ -35,6 +35,17 @@ async def c_async_effect(job: AsyncJob) -> None:
                                        "worker": str(os.getpid())})
 
 
+@handler("c_async_wait")
+async def c_async_wait(job: AsyncJob) -> None:
+    """Waits payload.seconds on the loop (checking its lease) and writes
+    nothing: the worker completes it, fenced, with others."""
+    payload: Any = job.payload if isinstance(job.payload, dict) else {}
+    deadline = time.monotonic() + float(payload.get("seconds", 0))
+    while (left := deadline - time.monotonic()) > 0:
+        job.check()
+        await asyncio.sleep(min(0.05, left))
+
+
 @handler("c_async_slow_write")
 async def c_async_slow_write(job: AsyncJob) -> None:
     """Holds a connection of the loop's pool payload.seconds inside its

@@ -508,6 +508,31 @@ def capacity_shown(handlers: str) -> str:
 # -- 7. sync and async kinds in one child -----------------------------------------------------------
 
 
+def test_an_async_only_child_claims_completes_and_wakes_on_its_loop(dsn, conn, supervisors):
+    """A child whose handlers are all async claims and completes on its
+    event loop: 600 jobs of 20 ms that write nothing, on 50 slots, all done
+    once on attempt 1 and completed in batches (fewer completion statements,
+    each its own now(), than jobs); once idle, a job enqueued later is
+    picked up on its NOTIFY, not at the next poll (poll interval 60 s); and
+    SIGTERM with 20 such jobs in flight lets them end and completes them
+    before exit 0."""
+    sup = supervisors(workers=1, async_concurrency=50, handlers=ASYNC, poll_interval=60)
+    [p] = sup.wait_workers(1)
+    ids = enqueue_many(conn, "c_async_wait", 600, '{"seconds": 0.02}')
+    sup.wait(lambda: done(conn, ids), 60, "the 600 jobs done")
+    assert rows(conn, ids) == [(i, "done", 1, 0, None) for i in ids]
+    completions = scalar(conn, "SELECT count(DISTINCT finished_at) FROM pgfence.jobs WHERE id = ANY(%s)", (ids,))
+    assert completions < len(ids), completions
+    sup.wait(lambda: showing(sup, p, 0), 10, "the child idle")
+    [late] = enqueue_many(conn, "c_async_wait", 1)
+    sup.wait(lambda: done(conn, [late]), 20, "the job enqueued while the child idled done")
+    assert rows(conn, [late]) == [(late, "done", 1, 0, None)]
+    last = enqueue_many(conn, "c_async_wait", 20, '{"seconds": 2}')
+    sup.wait(lambda: held_by(conn, last, p), 20, "the 20 jobs running in the one child")
+    stop(sup)
+    assert rows(conn, last) == [(i, "done", 1, 0, None) for i in last]
+
+
 def test_a_mixed_module_runs_its_sync_and_async_kinds_at_once_in_one_child(dsn, conn, supervisors):
     """Each meeting handler finishes only once the other has started in the
     same process (tests/concurrency_mixed_handlers.py): both done on attempt

@@ -87,6 +87,7 @@ def test_the_claim_plan_takes_the_free_slots_of_the_roomier_side_first_then_the_
     worker = ConcurrentWorker(DSN, Settings(renew=False, threads=4, async_concurrency=10))
     # The loop has more room: its kinds first, then every other kind for the threads.
     assert worker.claim_plan() == [Claim(10, kinds=aio), Claim(4, not_kinds=aio)]
+    assert not worker.claims_on_loop      # def handlers too: the claiming thread claims for both sides
     worker._running = [4, 3]                                     # threads full
     assert worker.claim_plan() == [Claim(7, kinds=aio)]
     worker._running = [1, 10]                                    # loop full
@@ -109,6 +110,7 @@ def test_the_claim_plan_takes_the_free_slots_of_the_roomier_side_first_then_the_
 def test_a_worker_of_one_side_claims_any_kind_into_its_free_slots():
     threads = ConcurrentWorker(DSN, Settings(renew=False, threads=4))
     assert threads.claim_plan() == [Claim(4)]
+    assert not threads.claims_on_loop
     threads._running = [4, 0]
     assert threads.claim_plan() == []
 
@@ -121,6 +123,7 @@ def test_a_worker_of_one_side_claims_any_kind_into_its_free_slots():
             del registry._REGISTRY[spec.kind]
     loop = ConcurrentWorker(DSN, Settings(renew=False, async_concurrency=50))
     assert loop.claim_plan() == [Claim(50)]
+    assert loop.claims_on_loop            # async handlers alone: its loop claims and completes
 
 
 def test_the_event_loop_reports_the_time_it_has_not_turned():

@@ -1,17 +1,19 @@
 """A worker that runs many jobs at once: ordinary handlers on threads,
 ``async def`` handlers on an event loop.
 
-The thread that builds the worker claims; it is the only one that uses the
-worker's own connection (claims, batched completions, LISTEN).  Each claim
-takes as many jobs as the worker has free slots (never more than
-``batch``), so no claimed job waits in this worker's hand while another
-worker could run it.  Every job in flight has its own lease, tracked for the
-heartbeat manager, which renews them all in one statement per round while
-the worker ticks.  A job writes (``fenced()``, its error report, its
-release) on a connection borrowed for that write alone: the threads share a
-pool of ``threads`` connections, the loop one of its own.  Jobs whose
-handlers wrote nothing are completed together, fenced, by the claiming
-thread, before its next claim.
+The thread that runs the worker claims; it is the only one that uses the
+worker's own connection (claims, LISTEN).  Each claim takes as many jobs as
+the worker has free slots (never more than ``batch``), so no claimed job
+waits in this worker's hand while another worker could run it.  Every job
+in flight has its own lease, tracked for the heartbeat manager, which
+renews them all in one statement per round while the worker ticks.  A job
+writes (``fenced()``, its error report, its release) on a connection
+borrowed for that write alone: the threads share a pool of ``threads``
+connections, the loop one of its own.  Jobs whose handlers wrote nothing
+are completed together, fenced, by a completer thread, while the next claim
+runs.  A worker whose handlers are all ``async def`` claims and completes on
+its event loop instead (:mod:`pgfence.worker.onloop`), and its claiming
+thread only starts those claims after an idle wait, and watches.
 
 A handler that outlives its lease (its kind's ``timeout``, or a lease lost
 otherwise) cannot be stopped from outside: a thread cannot be killed, and a

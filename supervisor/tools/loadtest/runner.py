@@ -137,11 +137,13 @@ class LoadTest:
     def connections_per_worker(self) -> int:
         """The most connections one worker child opens: its own, and when it
         runs many jobs at once its threads' pool (threads + 3) and its event
-        loop's pool (at most 10)."""
+        loop's pool (at most 10), plus the loop's own two for claims and
+        completions when its handlers are all async (counted whenever it
+        has a loop: at worst)."""
         plan = self.plan
         if plan.capacity == 1:
             return 1
-        return 1 + plan.threads + 3 + (min(plan.async_concurrency, ASYNC_POOL_MAX) if plan.with_async else 0)
+        return 1 + plan.threads + 3 + (min(plan.async_concurrency, ASYNC_POOL_MAX) + 2 if plan.with_async else 0)
 
     def held_per_worker(self) -> int:
         """The most leases one worker child holds at once: a claim's batch;
