@@ -21,7 +21,10 @@ import psycopg
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
-PREFIX = "pgfence_bench_"
+#: The names of the databases a run creates (and drops, leftovers of an
+#: earlier run included) start with this; PGFENCE_BENCH_PREFIX sets another,
+#: so that two runs on one server do not drop each other's databases.
+PREFIX = os.environ.get("PGFENCE_BENCH_PREFIX", "pgfence_bench_")
 #: A run during which more than this share of the machine's CPU went to
 #: something else than the system measured is marked disturbed.
 DISTURBED = 0.20
