@@ -199,12 +199,17 @@ def machine_busy() -> tuple[float, float]:
     return (sum(values[:8]) - idle) / _TICK, sum(values[:8]) / _TICK
 
 
-def quiesce(limit: float = 0.25, timeout: float = 120.0, sample: float = 0.5) -> float:
-    """Wait (up to ``timeout`` s) until the machine is quiet: less than
-    ``limit`` of its CPU busy over ``sample`` s with nothing of ours running,
-    so that another workload on the machine does not land in a measurement.
-    Returns the busy fraction last seen."""
-    deadline, warned = time.monotonic() + timeout, False
+#: Seconds a run waits for a quiet machine at most (--quiet-timeout).
+QUIET_TIMEOUT = [120.0]
+
+
+def quiesce(limit: float = 0.25, timeout: float | None = None, sample: float = 0.5) -> float:
+    """Wait (up to ``timeout`` s, by default QUIET_TIMEOUT) until the machine
+    is quiet: less than ``limit`` of its CPU busy over ``sample`` s with
+    nothing of ours running, so that another workload on the machine does
+    not land in a measurement.  Returns the busy fraction last seen."""
+    deadline = time.monotonic() + (QUIET_TIMEOUT[0] if timeout is None else timeout)
+    warned = False
     while True:
         b0 = machine_busy()
         time.sleep(sample)

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import harness
 import psycopg
 from harness import (
     BENCH,
@@ -118,7 +119,9 @@ class Bench:
         s = Series(key, system, config, n, reference=REFERENCE.get(key, ""))
         self.series[key] = s
         runs = runs or self.args.runs
-        retries = runs      # for runs that another workload disturbed
+        # For runs that another workload disturbed; none when the runs do not
+        # wait for a quiet machine (a run again would be disturbed as well).
+        retries = runs if self.args.quiet_timeout > 0 else 0
         while len(s.runs) < runs:
             try:
                 run = once()
@@ -826,6 +829,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--io-systems", default=",".join(IO_SYSTEMS),
                    help=f"comma-separated systems the io section runs (default: all of {','.join(IO_SYSTEMS)}), "
                         "e.g. pgfence-async,pgqueuer to iterate on one comparison")
+    p.add_argument("--quiet-timeout", type=float, default=120.0,
+                   help="seconds each run waits at most for a quiet machine (default 120; 0 on a machine that is "
+                        "never quiet: the runs are then marked disturbed, and only ratios within the run compare)")
     p.add_argument("--only", default=",".join(SECTIONS),
                    help=f"comma-separated sections to run (default: all of {','.join(SECTIONS)})")
     p.add_argument("--pgfence-configs", dest="configs",
@@ -867,6 +873,7 @@ def _interrupted(signum: int, _frame: object) -> None:
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _interrupted)
     args = parse_args(argv)
+    harness.QUIET_TIMEOUT[0] = args.quiet_timeout
     if not Path(args.project_python).exists():
         print(f"bench: {args.project_python} not found: run bench/run.sh, which installs pgfence", file=sys.stderr)
         return 2
