@@ -658,8 +658,10 @@ class ConcurrentWorker(Worker):
             return
         wait = self.settings.graceful_timeout
         try:
-            self._loop_claims.halt(wait)
-            self._loop.submit(self._loop_claims.close(wait)).result(wait + 1.0)
+            # A loop still blocked by a handler answers neither: its jobs
+            # are released when this process has exited.
+            if self._loop_claims.halt(wait):
+                self._loop.submit(self._loop_claims.close(wait)).result(wait + 1.0)
         except Exception as exc:  # noqa: BLE001 - as above; a loop still blocked ends with the process
             log.warning("could not complete the last jobs of the event loop: %s: %s", type(exc).__name__,
                         db.first_line(exc))
