@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import psycopg
+import pytest
 from prometheus_client import REGISTRY
+from psycopg import sql
 
 from pgtools import scalar, wait_for
 from pgfence import enqueue, handler
+from pgfence.store import db
+from pgfence.store.queries import q
 
 
 def counter(name: str, **labels: str) -> float:
@@ -145,3 +149,34 @@ def test_a_batch_observes_every_jobs_wait_and_run_time_and_decodes_payloads_on_d
     assert histogram("pgfence_job_wait_seconds", "default", "noop")["_count"] == waits.get("_count", 0) + 7
     assert sorted(r[0] for r in conn.execute("SELECT id FROM pgfence.jobs WHERE status = 'done'")) == \
         sorted(noops + [reader])
+
+
+def _join_filtered(plan: dict) -> int:
+    """Rows every join node of a JSON plan read and threw away, in all."""
+    removed = plan.get("Rows Removed by Join Filter", 0) * plan.get("Actual Loops", 1)
+    return removed + sum(_join_filtered(child) for child in plan.get("Plans", []))
+
+
+@pytest.mark.parametrize("name", ["complete_many", "renew"])
+def test_many_locked_jobs_are_updated_through_the_primary_key_with_stale_statistics(conn, name):
+    """Right after a bulk enqueue the statistics say no job is running.  A
+    worker's session plans its statements generically, once: the batched
+    completion and the heartbeat's renewal of 300 jobs must still update
+    each locked row through the primary key, not scan the running jobs once
+    per row (which read 300 x 300 rows and threw all but 300 away)."""
+    conn.execute("SELECT count(pgfence.enqueue('noop', '{}')) FROM generate_series(1, 5000)")
+    conn.execute("ANALYZE pgfence.jobs")          # every row queued, as far as the planner knows
+    rows = conn.execute(q("claim"), {"queues": ["default"], "batch": 300, "worker": "stale", "lease": 30.0,
+                                     "lease_kinds": [], "lease_secs": [], "reclaim": False, "kinds": None,
+                                     "not_kinds": None}).fetchall()
+    args = [db.array_literal(r[0] for r in rows), db.array_literal(r[5] for r in rows),
+            db.array_literal(30.0 for _ in rows)][:3 if name == "renew" else 2]
+    text = q(name).replace("%(ids)s", "$1").replace("%(attempts)s", "$2").replace("%(leases)s", "$3")
+    with conn.transaction(force_rollback=True):       # EXPLAIN ANALYZE runs the UPDATE
+        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        conn.execute(sql.SQL("PREPARE stale_many AS {}").format(sql.SQL(text)))
+        plan = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE stale_many({})").format(
+            sql.SQL(", ").join(sql.Literal(a) for a in args))).fetchone()[0][0]["Plan"]
+        conn.execute("DEALLOCATE stale_many")
+    assert plan["Actual Rows"] == 300
+    assert _join_filtered(plan) == 0, plan

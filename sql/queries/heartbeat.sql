@@ -7,7 +7,8 @@
 -- below the row locks): every statement that locks many jobs locks them in
 -- that one order, so a renewal and a batched completion of the same jobs
 -- wait for each other instead of deadlocking, whatever order the arrays
--- come in.
+-- come in.  The update finds the locked rows by id alone, as complete_many
+-- does and for its reason (the fence is in the lock).
 WITH owned AS (
     SELECT j.id, w.lease
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(leases)s::float8[]) AS w(id, attempt, lease)
@@ -18,7 +19,7 @@ WITH owned AS (
 UPDATE pgfence.jobs j
    SET lease_until = now() + make_interval(secs => o.lease)
   FROM owned o
- WHERE j.id = o.id AND j.status = 'running'
+ WHERE j.id = o.id
 RETURNING j.id, j.attempt;
 
 -- name: renew_verdicts

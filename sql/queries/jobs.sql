@@ -103,6 +103,13 @@ SELECT pgfence.complete_fenced(%(id)s, %(attempt)s);
 -- nothing of their own); returns the ids that were still owned.  The rows
 -- are locked in id order first, like every statement that locks many jobs
 -- (see renew in heartbeat.sql): no deadlock with the heartbeat's renewal.
+-- The fence is in the lock: only rows of this attempt, still running, are
+-- locked (a row changed meanwhile is checked again as it is locked), and
+-- nothing changes a locked row before this statement does.  The update
+-- then finds them by id alone: with status = 'running' there too, a
+-- generic plan made while the statistics counted few running jobs (right
+-- after a bulk enqueue) scanned the running jobs once per job completed,
+-- a cost that grew with the square of the batch.
 WITH owned AS (
     SELECT j.id
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS f(id, attempt)
@@ -113,7 +120,7 @@ WITH owned AS (
 UPDATE pgfence.jobs j
    SET status = 'done', finished_at = now(), locked_by = NULL, lease_until = NULL
   FROM owned o
- WHERE j.id = o.id AND j.status = 'running'
+ WHERE j.id = o.id
 RETURNING j.id;
 
 -- name: fail_or_retry
