@@ -29,7 +29,7 @@ from pgfence.observe import metrics
 from pgfence.store import sqltext
 from pgfence.errors import LeaseLost, NotCommitted, TransactionConflict
 from pgfence.worker.lease import Lease
-from pgfence.store import jobs
+from pgfence.store import jobs, pools
 
 
 def idempotency_key(job_id: int) -> str:
@@ -185,7 +185,7 @@ class Job(JobBase):
         """The connection this job writes on, for one write: the worker's
         own, or one of its pool's (given back at the end of the block)."""
         if self.pool is not None:
-            with self.pool.connection() as conn:
+            with pools.connection(self.pool) as conn:
                 yield conn
             return
         if self.conn is None:

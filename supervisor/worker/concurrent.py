@@ -363,7 +363,7 @@ class ConcurrentWorker(Worker):
     @contextlib.contextmanager
     def _completion_conn(self) -> Iterator[psycopg.Connection]:
         assert self.pool is not None
-        with db.translated(self.dsn), self.pool.connection() as conn:
+        with db.translated(self.dsn), pools.connection(self.pool) as conn:
             yield conn
 
     def _tend(self) -> None:

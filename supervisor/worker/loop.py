@@ -23,7 +23,7 @@ from typing import Protocol
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from pgfence.store import db, renewals
+from pgfence.store import db, pools, renewals
 from pgfence.store import jobs as store
 from pgfence import errortext
 from pgfence.observe import metrics
@@ -262,7 +262,7 @@ class Worker:
         release, its put-back) goes on: the worker's own, or, in a worker
         that runs many jobs at once, one of its pool's for this write."""
         if self.pool is not None:
-            with db.translated(self.dsn), self.pool.connection() as conn:
+            with db.translated(self.dsn), pools.connection(self.pool) as conn:
                 yield conn
             return
         yield self.conn
