@@ -97,8 +97,6 @@ class ConcurrentWorker(Worker):
     jobs at once.  ``recycle`` (under ``pgfence run``): give up and exit to
     be replaced once a handler outlives its lease by the grace period."""
 
-    own_statements_only = True
-
     def __init__(self, dsn: str, settings: Settings, *, name: str | None = None,
                  heartbeat: LeaseTracker | None = None, on_title: Title | None = None,
                  recycle: bool = False) -> None:
