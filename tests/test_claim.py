@@ -363,3 +363,16 @@ def test_a_worker_plans_its_own_statements_generically_and_its_handlers_fenced_b
     finally:
         for w in (many, one, unprepared, one_unprepared):
             w.close()
+
+
+def test_text_array_literals_come_back_as_the_texts_they_were(conn):
+    """The claim's queues and kinds go as one text each: any text, quotes,
+    backslashes, commas, braces, spaces, the word NULL and the empty text
+    included, is read back by PostgreSQL as itself, in order."""
+    from pgfence.store.db import text_array_literal
+
+    texts = ["default", 'say "hi"', "back\\slash", "a,b", "{x}", " padded ", "NULL", "", "é €", "\\\"\\"]
+    assert text_array_literal([]) == "{}"
+    assert text_array_literal(["a b"]) == '{"a b"}'
+    assert conn.execute("SELECT %s::text[]", (text_array_literal(texts),)).fetchone()[0] == texts
+    assert conn.execute("SELECT %s::text[]", (text_array_literal([]),)).fetchone()[0] == []
