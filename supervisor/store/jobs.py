@@ -17,7 +17,7 @@ called in a log line).
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import psycopg
@@ -117,9 +117,14 @@ def raising_completion(job_id: int, attempt: int, *, fence: bool = True) -> tupl
     return q("complete_unfenced"), {"id": job_id}
 
 
-def complete_many(conn: psycopg.Connection, ids: Iterable[int], attempts: Iterable[int]) -> set[int]:
+def complete_many(conn: psycopg.Connection, ids: Sequence[int], attempts: Sequence[int]) -> set[int]:
     """Fenced completion of many jobs in one statement, each by its own
-    ``(id, attempt)``; returns the ids that were still owned."""
+    ``(id, attempt)``; returns the ids that were still owned.  One job (a
+    one-job worker's every completion) goes as ``complete``, a primary key
+    look-up, instead of the batch's unnest, join, sort and lock step, which
+    cost its backend several times as much CPU."""
+    if len(ids) == 1:
+        return {ids[0]} if complete(conn, ids[0], attempts[0]) else set()
     params = {"ids": db.array_literal(ids), "attempts": db.array_literal(attempts)}
     return {job_id for (job_id,) in conn.execute(q("complete_many"), params)}
 
