@@ -29,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pgfence.errors import LeaseLost, NotCommitted, TransactionConflict
 from pgfence.job import JobBase, Writes
-from pgfence.store import db, jobs, sqltext
+from pgfence.store import db, jobs, pools, sqltext
 from pgfence.worker.lease import Lease
 
 
@@ -60,7 +60,7 @@ class AsyncJob(JobBase):
             raise RuntimeError("this job is not attached to a worker's pool")
         while True:
             try:
-                conn = await pool.getconn()
+                conn = await pools.getconn_async(pool)
                 break
             except PoolTimeout:
                 if pool.get_stats().get("pool_size", 0) < pool.max_size:

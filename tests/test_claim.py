@@ -319,30 +319,60 @@ def test_a_claim_with_kinds_takes_only_those_kinds_queued_or_expired(conn):
     assert job_row(conn, sleep2)["status"] == "queued"
 
 
-def test_a_many_jobs_worker_plans_its_own_statements_generically_and_a_one_job_worker_does_not(dsn, conn):
-    """The own session of a worker whose jobs write elsewhere (threads,
-    async) plans pgfence's prepared statements once, generically: the claim
-    is then prepared with a generic plan that uses the claim indexes, and
-    claims as before.  A one-job worker's session, which also runs its
-    handlers' statements, and one without prepared statements (PgBouncer)
-    keep the server's default."""
+def test_a_worker_plans_its_own_statements_generically_and_its_handlers_fenced_blocks_as_the_server_says(dsn, conn):
+    """The own session of every worker that prepares its statements plans
+    pgfence's prepared statements once, generically: the claim is then
+    prepared with a generic plan that uses the claim indexes, and claims as
+    before.  A one-job worker's handlers write on that session too: inside
+    their fenced() blocks (plain and pipelined) the server's own setting is
+    back, and after them the generic one.  A session without prepared
+    statements (PgBouncer) keeps the server's default."""
     from pgfence.settings import Settings
     from pgfence.worker.concurrent import ConcurrentWorker
 
-    ids = [enqueue(conn, "noop") for _ in range(3)]
+    ids = [enqueue(conn, "noop") for _ in range(4)]
     many = ConcurrentWorker(dsn, Settings(renew=False, threads=4), name="many")
     one = Worker(dsn, Settings(renew=False), name="one")
     unprepared = ConcurrentWorker(dsn, Settings(renew=False, threads=4, prepare=False), name="bouncer")
+    one_unprepared = Worker(dsn, Settings(renew=False, prepare=False), name="one-bouncer")
+
+    def claim_plans(worker: Worker) -> list[tuple[int, int]]:
+        return worker.conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                                   " WHERE statement LIKE 'WITH candidates%'").fetchall()
+
     try:
         assert many.conn.execute("SHOW plan_cache_mode").fetchone()[0] == "force_generic_plan"
-        assert one.conn.execute("SHOW plan_cache_mode").fetchone()[0] == "auto"
+        assert one.conn.execute("SHOW plan_cache_mode").fetchone()[0] == "force_generic_plan"
         assert unprepared.conn.execute("SHOW plan_cache_mode").fetchone()[0] == "auto"
+        assert one_unprepared.conn.execute("SHOW plan_cache_mode").fetchone()[0] == "auto"
         claimed = many.claim(2)
         assert [j.id for j in claimed] == ids[:2]
-        plans = many.conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-                                  " WHERE statement LIKE 'WITH candidates%'").fetchall()
-        assert plans == [(1, 0)]
-        assert [j.id for j in one.claim(5)] == ids[2:]
+        assert claim_plans(many) == [(1, 0)]
+        first, second = one.claim(1), one.claim(1)
+        assert [j.id for j in first + second] == ids[2:]
+        assert claim_plans(one) == [(2, 0)]
+        seen = []
+        with first[0].fenced() as block:
+            seen.append(block.execute("SHOW plan_cache_mode").fetchone()[0])
+        with second[0].fenced(pipeline=True) as block:
+            cursor = block.execute("SHOW plan_cache_mode")
+        seen.append(cursor.fetchone()[0])
+        assert seen == ["auto", "auto"]
+        assert one.conn.execute("SHOW plan_cache_mode").fetchone()[0] == "force_generic_plan"
+        assert [job_row(conn, i)["status"] for i in ids[2:]] == ["done", "done"]
     finally:
-        for w in (many, one, unprepared):
+        for w in (many, one, unprepared, one_unprepared):
             w.close()
+
+
+def test_text_array_literals_come_back_as_the_texts_they_were(conn):
+    """The claim's queues and kinds go as one text each: any text, quotes,
+    backslashes, commas, braces, spaces, the word NULL and the empty text
+    included, is read back by PostgreSQL as itself, in order."""
+    from pgfence.store.db import text_array_literal
+
+    texts = ["default", 'say "hi"', "back\\slash", "a,b", "{x}", " padded ", "NULL", "", "é €", "\\\"\\"]
+    assert text_array_literal([]) == "{}"
+    assert text_array_literal(["a b"]) == '{"a b"}'
+    assert conn.execute("SELECT %s::text[]", (text_array_literal(texts),)).fetchone()[0] == texts
+    assert conn.execute("SELECT %s::text[]", (text_array_literal([]),)).fetchone()[0] == []

@@ -15,15 +15,21 @@ SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s, false),
        set_config('tcp_keepalives_count', '3', false);
 
 -- name: generic_plans
--- Run once on the own connection of a worker that runs many jobs at once,
--- whose handlers write on connections of their own, so that only pgfence's
--- statements (claims, batched completions, put-backs) run on it.  Those
--- are prepared, and PostgreSQL's default (auto) keeps planning the claim
--- anew on every call: a generic plan never looks cheaper to it, as LIMIT
--- and the queue are parameters.  The generic plan is the same index scans
+-- Run once on the own connection of every worker that prepares its
+-- statements.  PostgreSQL's default (auto) keeps planning the claim anew on
+-- every call: a generic plan never looks cheaper to it, as LIMIT and the
+-- queue are parameters.  The generic plan is the same index scans
 -- (jobs_queued_idx, jobs_running_idx, then the primary key) and saves the
 -- planning, measured at 0.3 ms of a 0.8 ms one-job claim and 0.7 ms of a
--- 2 ms 50-job claim.  Not on a one-job worker's connection, which also runs
--- its handlers' own statements (fenced()), nor behind a transaction-pooling
--- PgBouncer (nothing is prepared there).
+-- 2 ms 50-job claim.  A one-job worker's handlers write on this session
+-- too: their fenced() blocks plan as the server says (handler_plans).  Not
+-- behind a transaction-pooling PgBouncer (nothing is prepared there).
 SELECT set_config('plan_cache_mode', 'force_generic_plan', false);
+
+-- name: handler_plans
+-- First in a handler's fenced() transaction on a session that plans
+-- pgfence's own statements generically (generic_plans): the handler's
+-- statements are planned as they would be on any other session, by the
+-- value the server, the database or the role set (DEFAULT ignores the
+-- session's own change), until the transaction ends.
+SET LOCAL plan_cache_mode TO DEFAULT;

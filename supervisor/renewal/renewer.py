@@ -35,7 +35,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from pgfence.backoff import Backoff
-from pgfence.store import db, jobs, renewals
+from pgfence.store import db, jobs, pools, renewals
 from pgfence.observe import metrics
 from pgfence.errors import ConfigError
 from pgfence.worker.lease import Lease
@@ -229,7 +229,7 @@ class HeartbeatManager:
         sent_at = time.monotonic()
 
         def renew() -> tuple[set[tuple[int, int]], dict[int, renewals.Verdict]]:
-            with self._pool.connection() as conn, conn.transaction():
+            with pools.connection(self._pool) as conn, conn.transaction():
                 # Settings for this transaction only: a startup option or
                 # a session SET would not survive (or would leak through)
                 # a transaction-pooling PgBouncer.
@@ -287,7 +287,7 @@ class HeartbeatManager:
         (``self.backoff``).  Returns how many were still owned."""
         done = 0
         self._open()
-        with self._pool.connection() as conn:
+        with pools.connection(self._pool) as conn:
             for job_id, attempt, reclaim, error in items:
                 outcome: jobs.Reported | jobs.Released | None
                 if error:
@@ -302,7 +302,7 @@ class HeartbeatManager:
     def owned(self, owner: str) -> list[tuple[int, int]]:
         """(id, attempt) of the running jobs claimed under ``owner``."""
         self._open()
-        with self._pool.connection() as conn:
+        with pools.connection(self._pool) as conn:
             return [(job.id, job.attempt) for job in jobs.owned_running(conn, owner)]
 
     @contextlib.contextmanager

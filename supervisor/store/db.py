@@ -222,6 +222,14 @@ def array_literal(values: Iterable[int | float]) -> str:
     return "{" + ",".join(map(repr, values)) + "}"
 
 
+def text_array_literal(values: Iterable[str]) -> str:
+    """A PostgreSQL array literal of texts, for the same reason as
+    :func:`array_literal` (``%(queues)s::text[]``): each element quoted,
+    its backslashes and double quotes escaped, so any text comes back as
+    itself (``NULL``, commas, braces and spaces included)."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+
+
 def prepare_threshold(prepare: bool) -> int | None:
     """psycopg's ``prepare_threshold``: prepare from the first execution, or
     never (PgBouncer in transaction pooling)."""

@@ -85,9 +85,12 @@ async def claim_async(conn: psycopg.AsyncConnection, *, queues: Sequence[str], b
 def _claim_params(queues: Sequence[str], batch: int, worker: str, lease: float, lease_kinds: list[str],
                   lease_secs: list[float], reclaim: bool, kinds: list[str] | None,
                   not_kinds: list[str] | None) -> dict[str, object]:
-    return {"queues": list(queues), "batch": batch, "worker": worker, "lease": lease,
-            "lease_kinds": lease_kinds, "lease_secs": lease_secs, "reclaim": reclaim,
-            "kinds": kinds, "not_kinds": not_kinds}
+    # The arrays go as literals: psycopg adapts a list element by element,
+    # which cost a one-job worker more than its claim's other parameters.
+    return {"queues": db.text_array_literal(queues), "batch": batch, "worker": worker, "lease": lease,
+            "lease_kinds": db.text_array_literal(lease_kinds), "lease_secs": db.array_literal(lease_secs),
+            "reclaim": reclaim, "kinds": None if kinds is None else db.text_array_literal(kinds),
+            "not_kinds": None if not_kinds is None else db.text_array_literal(not_kinds)}
 
 
 def _claimed(fetched: list[tuple[object, ...]]) -> list[Claimed]:
@@ -134,9 +137,14 @@ def raising_completion(job_id: int, attempt: int, *, fence: bool = True) -> tupl
     return q("complete_unfenced"), {"id": job_id}
 
 
-def complete_many(conn: psycopg.Connection, ids: Iterable[int], attempts: Iterable[int]) -> set[int]:
+def complete_many(conn: psycopg.Connection, ids: Sequence[int], attempts: Sequence[int]) -> set[int]:
     """Fenced completion of many jobs in one statement, each by its own
-    ``(id, attempt)``; returns the ids that were still owned."""
+    ``(id, attempt)``; returns the ids that were still owned.  One job (a
+    one-job worker's every completion) goes as ``complete``, a primary key
+    look-up, instead of the batch's unnest, join, sort and lock step, which
+    cost its backend several times as much CPU."""
+    if len(ids) == 1:
+        return {ids[0]} if complete(conn, ids[0], attempts[0]) else set()
     return {job_id for (job_id,) in conn.execute(q("complete_many"), _many_params(ids, attempts))}
 
 

@@ -9,10 +9,27 @@ at most :data:`ASYNC_MAX` connections.  Both are opened after the fork (a
 pool's threads and sockets never cross one), configured as the worker's own
 connection is: autocommit, prepared statements unless behind a
 transaction-pooling PgBouncer, and the idle-in-transaction timeout.
+
+Every borrow goes through :func:`connection` (or :func:`getconn_async`),
+which never hands out a connection that died while it sat idle in the pool
+(a server that ended the session: ``pg_terminate_backend``, a restart, an
+idle timeout, a proxy that dropped it), so no job spends an attempt on a
+connection it never used.  A server that ends a session first sends it an
+error and closes it, so such a connection has something to read while
+nothing of ours is in flight: a poll of its socket, without a round trip,
+tells the dead ones, and only a connection with something to read is asked
+(an empty query) whether it still stands.  psycopg_pool's own ``check``
+would cost every borrow a round trip (a one-row fenced write is one), and it
+waits 1 s, then 2 s... between two failed checks, so a pool whose every
+connection was ended would stall a write past its timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
+import select
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -56,3 +73,66 @@ async def open_async_pool(dsn: str, *, size: int, application_name: str, prepare
         open=False, timeout=timeout, kwargs=_kwargs(prepare), configure=configure, name="pgfence-async-jobs")
     await pool.open(wait=False)
     return pool
+
+
+def _heard_from(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether an idle connection has something to read (or is known
+    closed): the server ended it, or, rarely, sent a notice."""
+    if conn.closed:
+        return True
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+def getconn(pool: ConnectionPool, timeout: float | None = None) -> psycopg.Connection[Any]:
+    """A connection of ``pool`` that did not die while idle in it; give it
+    back with ``pool.putconn``.  A dead one is closed and given back (the
+    pool opens another in its place), and the next is taken, within
+    ``timeout`` (the pool's) in all: ``PoolTimeout`` past it."""
+    deadline = time.monotonic() + (pool.timeout if timeout is None else timeout)
+    while True:
+        conn = pool.getconn(timeout=_left(deadline))
+        try:
+            if _heard_from(conn):
+                conn.execute("")
+            return conn
+        except psycopg.Error:
+            conn.close()
+            pool.putconn(conn)
+        except BaseException:
+            pool.putconn(conn)
+            raise
+
+
+async def getconn_async(pool: AsyncConnectionPool, timeout: float | None = None) -> psycopg.AsyncConnection[Any]:
+    """As :func:`getconn`, from the event loop's pool."""
+    deadline = time.monotonic() + (pool.timeout if timeout is None else timeout)
+    while True:
+        conn = await pool.getconn(timeout=_left(deadline))
+        try:
+            if _heard_from(conn):
+                await conn.execute("")
+            return conn
+        except psycopg.Error:
+            await conn.close()
+            await pool.putconn(conn)
+        except BaseException:
+            await pool.putconn(conn)
+            raise
+
+
+@contextlib.contextmanager
+def connection(pool: ConnectionPool) -> Iterator[psycopg.Connection[Any]]:
+    """``pool.connection()``, but never with a connection that died idle."""
+    conn = getconn(pool)
+    try:
+        with conn:
+            yield conn
+    finally:
+        pool.putconn(conn)
+

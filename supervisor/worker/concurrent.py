@@ -103,8 +103,6 @@ class ConcurrentWorker(Worker):
     jobs at once.  ``recycle`` (under ``pgfence run``): give up and exit to
     be replaced once a handler outlives its lease by the grace period."""
 
-    own_statements_only = True
-
     def __init__(self, dsn: str, settings: Settings, *, name: str | None = None,
                  heartbeat: LeaseTracker | None = None, on_title: Title | None = None,
                  recycle: bool = False) -> None:
@@ -463,7 +461,7 @@ class ConcurrentWorker(Worker):
     @contextlib.contextmanager
     def _completion_conn(self) -> Iterator[psycopg.Connection]:
         assert self.pool is not None
-        with db.translated(self.dsn), self.pool.connection() as conn:
+        with db.translated(self.dsn), pools.connection(self.pool) as conn:
             yield conn
 
     def _tend(self) -> None:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from pgfence.store import db, renewals
+from pgfence.store import db, pools, renewals
 from pgfence.store import jobs as store
 from pgfence import errortext
 from pgfence.observe import metrics
@@ -143,11 +143,6 @@ class Worker:
         #: they write on the worker's own connection).
         self.pool: ConnectionPool | None = None
 
-    #: Whether the worker's own connection runs pgfence's statements alone
-    #: (its jobs write on connections of their own): it then plans them
-    #: generically, once (see store.renewals.generic_plans).
-    own_statements_only = False
-
     # -- connection -----------------------------------------------------------
 
     @property
@@ -160,7 +155,10 @@ class Worker:
             # hold its rows' locks for ever (see session_settings).
             with db.translated(self.dsn):
                 renewals.session_settings(conn, self.settings.idle_in_transaction_ms)
-                if self.own_statements_only and self.settings.prepare:
+                # pgfence's statements planned once, generically; the
+                # handlers' fenced() blocks on this session are not (see
+                # Job.fenced).
+                if self.settings.prepare:
                     renewals.generic_plans(conn)
             # Listen before the first claim, so that no enqueue can fall
             # between a claim that found nothing and the LISTEN.  Behind a
@@ -264,7 +262,8 @@ class Worker:
         """The Job a handler receives for a claimed row; it writes on this
         worker's connection."""
         return Job(row.id, row.kind, row.queue, row.attempt, RawJSON(row.payload), lease, row.max_attempts,
-                   row.dedupe_key, conn=self.conn, fence=self.settings.fence)
+                   row.dedupe_key, conn=self.conn, fence=self.settings.fence,
+                   handler_plans=self.settings.prepare)
 
     @contextlib.contextmanager
     def _conn_for(self, job: JobBase) -> Iterator[psycopg.Connection]:
@@ -272,7 +271,7 @@ class Worker:
         release, its put-back) goes on: the worker's own, or, in a worker
         that runs many jobs at once, one of its pool's for this write."""
         if self.pool is not None:
-            with db.translated(self.dsn), self.pool.connection() as conn:
+            with db.translated(self.dsn), pools.connection(self.pool) as conn:
                 yield conn
             return
         yield self.conn
