@@ -85,6 +85,29 @@ def _heard_from(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) ->
     return bool(poller.poll(0))
 
 
+def alive(conn: psycopg.Connection[Any]) -> bool:
+    """Whether an idle connection still stands: asked with an empty query
+    only when it has something to read (see :func:`_heard_from`)."""
+    if not _heard_from(conn):
+        return True
+    try:
+        conn.execute("")
+    except psycopg.Error:
+        return False
+    return True
+
+
+async def alive_async(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """:func:`alive` for an async connection."""
+    if not _heard_from(conn):
+        return True
+    try:
+        await conn.execute("")
+    except psycopg.Error:
+        return False
+    return True
+
+
 def _left(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
 
@@ -98,10 +121,8 @@ def getconn(pool: ConnectionPool, timeout: float | None = None) -> psycopg.Conne
     while True:
         conn = pool.getconn(timeout=_left(deadline))
         try:
-            if _heard_from(conn):
-                conn.execute("")
-            return conn
-        except psycopg.Error:
+            if alive(conn):
+                return conn
             conn.close()
             pool.putconn(conn)
         except BaseException:
@@ -115,10 +136,8 @@ async def getconn_async(pool: AsyncConnectionPool, timeout: float | None = None)
     while True:
         conn = await pool.getconn(timeout=_left(deadline))
         try:
-            if _heard_from(conn):
-                await conn.execute("")
-            return conn
-        except psycopg.Error:
+            if await alive_async(conn):
+                return conn
             await conn.close()
             await pool.putconn(conn)
         except BaseException:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from pgfence.errors import DatabaseError, DatabaseUnavailable
-from pgfence.store import db, renewals
+from pgfence.store import db, pools, renewals
 from pgfence.store import jobs as store
 
 if TYPE_CHECKING:
@@ -180,6 +180,12 @@ class LoopClaims:
         (opened on first use); a connection that broke is dropped, and the
         next statement opens another."""
         conn = self._conns.get(role)
+        if conn is not None and not await pools.alive_async(conn):
+            # Ended by the server while idle (a terminate, an idle timeout,
+            # a proxy): replaced before the statement, so it costs no job
+            # anything.
+            await conn.close()
+            conn = None
         try:
             if conn is None or conn.closed:
                 conn = self._conns[role] = await self._connect()
