@@ -1,0 +1,131 @@
+"""Steady drain with and without migration 0010's autovacuum settings.
+
+On the embedded PostgreSQL 18 (autovacuum on, the server's defaults), each
+round makes a fresh database, migrates it, and, for the ``defaults``
+variant, resets pgfence.jobs' autovacuum options (fillfactor stays).  It
+starts ``pgfence run --workers 2 --batch 100`` on the builtin no-op
+handler and enqueues no-op jobs at a steady rate (one INSERT every 100 ms)
+for the given minutes, sampling every 10 s: jobs done per second, queue
+depth, and pgfence.jobs' dead tuples and autovacuum count
+(pg_stat_user_tables).  The variants alternate, so a busy machine slows
+both alike.
+
+    .venv/bin/python bench/vacuum_steady.py --rate 5000 --minutes 4 --rounds 2
+
+The server's data lives in a folder of its own (``--pgdata``), never in
+the user's embedded server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+
+from pgfence.store import embedded
+
+RESET = ("autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold, autovacuum_vacuum_insert_scale_factor, "
+         "autovacuum_vacuum_insert_threshold, autovacuum_vacuum_cost_delay, autovacuum_analyze_scale_factor, "
+         "autovacuum_analyze_threshold, vacuum_truncate")
+SAMPLE = """
+SELECT (SELECT count(*) FROM pgfence.jobs WHERE status = 'queued'),
+       (SELECT count(*) FROM pgfence.jobs WHERE status = 'running'),
+       n_dead_tup, n_live_tup, autovacuum_count
+  FROM pg_stat_user_tables WHERE relid = 'pgfence.jobs'::regclass"""
+
+
+def with_db(dsn: str, name: str) -> str:
+    base, _, query = dsn.partition("?")
+    return base.rsplit("/", 1)[0] + "/" + name + ("?" + query if query else "")
+
+
+def enqueue(dsn: str, rate: int, stop: threading.Event, count: list[int]) -> None:
+    per_tick = max(1, rate // 10)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        next_at = time.monotonic()
+        while not stop.is_set():
+            conn.execute("INSERT INTO pgfence.jobs (kind, payload) SELECT 'noop', '{}' FROM generate_series(1, %s)",
+                         (per_tick,))
+            count[0] += per_tick
+            next_at += 0.1
+            stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+def one_round(admin_dsn: str, variant: str, index: int, rate: int, seconds: float) -> dict[str, object]:
+    name = f"pgfence_vacuum_{variant}_{index}"
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        admin.execute(f"CREATE DATABASE {name}")
+    dsn = with_db(admin_dsn, name)
+    subprocess.run([sys.executable, "-m", "pgfence", "migrate", "--dsn", dsn], check=True, capture_output=True)
+    if variant == "defaults":
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE pgfence.jobs RESET ({RESET})")
+    run = subprocess.Popen([sys.executable, "-m", "pgfence", "run", "--dsn", dsn, "--workers", "2", "--batch", "100",
+                            "--handlers", "pgfence.handlers.builtin", "--metrics-port", "0"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stop = threading.Event()
+    count = [0]
+    samples = []
+    try:
+        time.sleep(2)
+        feeder = threading.Thread(target=enqueue, args=(dsn, rate, stop, count), daemon=True)
+        started = time.monotonic()
+        feeder.start()
+        last_done, last_at = 0, started
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while time.monotonic() - started < seconds:
+                time.sleep(10 - (time.monotonic() - started) % 10)
+                queued, running, dead, live, autovacuums = conn.execute(SAMPLE).fetchone()  # type: ignore[misc]
+                now = time.monotonic()
+                done = count[0] - queued - running
+                samples.append({"t": round(now - started), "jobs_s": round((done - last_done) / (now - last_at)),
+                                "queued": queued, "dead": dead, "live": live, "autovacuums": autovacuums})
+                print(variant, index, samples[-1], flush=True)
+                last_done, last_at = done, now
+    finally:
+        stop.set()
+        run.send_signal(signal.SIGTERM)
+        run.wait(60)
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}")
+    rates = [s["jobs_s"] for s in samples]
+    return {"variant": variant, "round": index, "rate": rate, "mean_jobs_s": round(sum(rates) / len(rates)),
+            "max_dead": max(s["dead"] for s in samples), "final_queue": samples[-1]["queued"],
+            "autovacuums": samples[-1]["autovacuums"], "samples": samples}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=int, default=5000)
+    parser.add_argument("--minutes", type=float, default=4)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--pgdata", default="/tmp/pgfence-vacuum-bench/pgdata")
+    parser.add_argument("--json", default=None, help="write every sample here")
+    args = parser.parse_args()
+    admin_dsn = embedded.start(Path(args.pgdata))
+    results = []
+    for index in range(args.rounds):
+        for variant in ("tuned", "defaults") if index % 2 == 0 else ("defaults", "tuned"):
+            results.append(one_round(admin_dsn, variant, index, args.rate, args.minutes * 60))
+    print("| variant | round | offered/s | mean done/s | max dead tuples | queue at end | autovacuums |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r['variant']} | {r['round']} | {r['rate']} | {r['mean_jobs_s']} | {r['max_dead']} | "
+              f"{r['final_queue']} | {r['autovacuums']} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    embedded.stop(Path(args.pgdata))
+    os.environ.pop("PGDATA", None)
+
+
+if __name__ == "__main__":
+    main()
