@@ -1,26 +1,33 @@
-"""Steady drain with and without migration 0010's autovacuum settings.
+"""Steady drain of pgfence.jobs under each vacuum regime.
 
-On the embedded PostgreSQL 18 (autovacuum on, the server's defaults), each
-round makes a fresh database, migrates it, and, for the ``defaults``
-variant, resets pgfence.jobs' autovacuum options (fillfactor stays).  It
-starts ``pgfence run --workers 2 --batch 100`` on the builtin no-op
-handler and enqueues no-op jobs at a steady rate (one INSERT every 100 ms)
-for the given minutes, sampling every 10 s: jobs done per second, queue
-depth, and pgfence.jobs' dead tuples and autovacuum count
-(pg_stat_user_tables).  The variants alternate, so a busy machine slows
-both alike.
+Each round makes a fresh database, migrates it, starts ``pgfence run
+--workers 2 --batch 100`` on the builtin no-op handler and enqueues no-op
+jobs at a steady rate (one INSERT every 100 ms) for the given minutes,
+sampling every 10 s: jobs done per second, queue depth, and pgfence.jobs'
+dead tuples, autovacuum and vacuum counts (pg_stat_user_tables).  The
+variants alternate, so a busy machine slows them alike:
 
-    .venv/bin/python bench/vacuum_steady.py --rate 5000 --minutes 4 --rounds 2
+- ``tuned``: migration 0010's autovacuum settings, no self-vacuum;
+- ``defaults``: the table's autovacuum options reset (fillfactor stays), no
+  self-vacuum;
+- ``self``: migration 0010's settings and pgfence's own VACUUM (the default
+  ``self_vacuum_dead_tuples``).
 
-The server's data lives in a folder of its own (``--pgdata``), never in
-the user's embedded server.
+On the embedded PostgreSQL 18 (autovacuum on, the server's defaults; its
+data in ``--pgdata``, never the user's embedded server):
+
+    .venv/bin/python bench/vacuum_steady.py --rate 4000 --minutes 4 --rounds 2 --variants tuned,defaults
+
+On a server whose autovacuum is off:
+
+    .venv/bin/python bench/vacuum_steady.py --dsn postgresql://postgres@127.0.0.1/postgres \
+        --rate 4000 --minutes 4 --rounds 2 --variants self,tuned
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -38,8 +45,12 @@ RESET = ("autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold, autovacuu
 SAMPLE = """
 SELECT (SELECT count(*) FROM pgfence.jobs WHERE status = 'queued'),
        (SELECT count(*) FROM pgfence.jobs WHERE status = 'running'),
-       n_dead_tup, n_live_tup, autovacuum_count
+       n_dead_tup, n_live_tup, autovacuum_count, vacuum_count
   FROM pg_stat_user_tables WHERE relid = 'pgfence.jobs'::regclass"""
+#: Per variant: reset the table's autovacuum options, and pgfence run's extra flags.
+VARIANTS = {"tuned": (False, ["--self-vacuum-dead-tuples", "none"]),
+            "defaults": (True, ["--self-vacuum-dead-tuples", "none"]),
+            "self": (False, [])}
 
 
 def with_db(dsn: str, name: str) -> str:
@@ -66,11 +77,12 @@ def one_round(admin_dsn: str, variant: str, index: int, rate: int, seconds: floa
         admin.execute(f"CREATE DATABASE {name}")
     dsn = with_db(admin_dsn, name)
     subprocess.run([sys.executable, "-m", "pgfence", "migrate", "--dsn", dsn], check=True, capture_output=True)
-    if variant == "defaults":
+    reset, flags = VARIANTS[variant]
+    if reset:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"ALTER TABLE pgfence.jobs RESET ({RESET})")
     run = subprocess.Popen([sys.executable, "-m", "pgfence", "run", "--dsn", dsn, "--workers", "2", "--batch", "100",
-                            "--handlers", "pgfence.handlers.builtin", "--metrics-port", "0"],
+                            "--handlers", "pgfence.handlers.builtin", "--metrics-port", "0", *flags],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stop = threading.Event()
     count = [0]
@@ -84,11 +96,12 @@ def one_round(admin_dsn: str, variant: str, index: int, rate: int, seconds: floa
         with psycopg.connect(dsn, autocommit=True) as conn:
             while time.monotonic() - started < seconds:
                 time.sleep(10 - (time.monotonic() - started) % 10)
-                queued, running, dead, live, autovacuums = conn.execute(SAMPLE).fetchone()  # type: ignore[misc]
+                queued, running, dead, live, autovacuums, vacuums = conn.execute(SAMPLE).fetchone()  # type: ignore[misc]
                 now = time.monotonic()
                 done = count[0] - queued - running
                 samples.append({"t": round(now - started), "jobs_s": round((done - last_done) / (now - last_at)),
-                                "queued": queued, "dead": dead, "live": live, "autovacuums": autovacuums})
+                                "queued": queued, "dead": dead, "live": live, "autovacuums": autovacuums,
+                                "vacuums": vacuums})
                 print(variant, index, samples[-1], flush=True)
                 last_done, last_at = done, now
     finally:
@@ -100,7 +113,7 @@ def one_round(admin_dsn: str, variant: str, index: int, rate: int, seconds: floa
     rates = [s["jobs_s"] for s in samples]
     return {"variant": variant, "round": index, "rate": rate, "mean_jobs_s": round(sum(rates) / len(rates)),
             "max_dead": max(s["dead"] for s in samples), "final_queue": samples[-1]["queued"],
-            "autovacuums": samples[-1]["autovacuums"], "samples": samples}
+            "autovacuums": samples[-1]["autovacuums"], "vacuums": samples[-1]["vacuums"], "samples": samples}
 
 
 def main() -> None:
@@ -108,23 +121,29 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=5000)
     parser.add_argument("--minutes", type=float, default=4)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--variants", default="tuned,defaults", help=f"two or more of {', '.join(VARIANTS)}")
+    parser.add_argument("--dsn", default=None, help="an admin DSN of a server (default: the embedded one)")
     parser.add_argument("--pgdata", default="/tmp/pgfence-vacuum-bench/pgdata")
     parser.add_argument("--json", default=None, help="write every sample here")
     args = parser.parse_args()
-    admin_dsn = embedded.start(Path(args.pgdata))
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant {unknown[0]!r} (known: {', '.join(VARIANTS)})")
+    admin_dsn = args.dsn or embedded.start(Path(args.pgdata))
     results = []
     for index in range(args.rounds):
-        for variant in ("tuned", "defaults") if index % 2 == 0 else ("defaults", "tuned"):
+        for variant in variants if index % 2 == 0 else variants[::-1]:
             results.append(one_round(admin_dsn, variant, index, args.rate, args.minutes * 60))
-    print("| variant | round | offered/s | mean done/s | max dead tuples | queue at end | autovacuums |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| variant | round | offered/s | mean done/s | max dead tuples | queue at end | autovacuums | vacuums |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(f"| {r['variant']} | {r['round']} | {r['rate']} | {r['mean_jobs_s']} | {r['max_dead']} | "
-              f"{r['final_queue']} | {r['autovacuums']} |")
+              f"{r['final_queue']} | {r['autovacuums']} | {r['vacuums']} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
-    embedded.stop(Path(args.pgdata))
-    os.environ.pop("PGDATA", None)
+    if not args.dsn:
+        embedded.stop(Path(args.pgdata))
 
 
 if __name__ == "__main__":
