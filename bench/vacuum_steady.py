@@ -70,7 +70,8 @@ def enqueue(dsn: str, rate: int, stop: threading.Event, count: list[int]) -> Non
             stop.wait(max(0.0, next_at - time.monotonic()))
 
 
-def one_round(admin_dsn: str, variant: str, index: int, rate: int, seconds: float) -> dict[str, object]:
+def one_round(admin_dsn: str, variant: str, index: int, rate: int, seconds: float,
+              prefill: int = 0) -> dict[str, object]:
     name = f"pgfence_vacuum_{variant}_{index}"
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {name}")
@@ -78,9 +79,15 @@ def one_round(admin_dsn: str, variant: str, index: int, rate: int, seconds: floa
     dsn = with_db(admin_dsn, name)
     subprocess.run([sys.executable, "-m", "pgfence", "migrate", "--dsn", dsn], check=True, capture_output=True)
     reset, flags = VARIANTS[variant]
-    if reset:
-        with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if reset:
             conn.execute(f"ALTER TABLE pgfence.jobs RESET ({RESET})")
+        if prefill:
+            # Finished jobs kept for the retention, as a table in use for
+            # days holds them; vacuumed, as such a table would be.
+            conn.execute("INSERT INTO pgfence.jobs (kind, payload, status, finished_at) "
+                         "SELECT 'noop', '{}', 'done', now() FROM generate_series(1, %s)", (prefill,))
+            conn.execute("VACUUM ANALYZE pgfence.jobs")
     run = subprocess.Popen([sys.executable, "-m", "pgfence", "run", "--dsn", dsn, "--workers", "2", "--batch", "100",
                             "--handlers", "pgfence.handlers.builtin", "--metrics-port", "0", *flags],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -122,6 +129,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=4)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--variants", default="tuned,defaults", help=f"two or more of {', '.join(VARIANTS)}")
+    parser.add_argument("--prefill", type=int, default=0, help="finished jobs in the table before the drain")
     parser.add_argument("--dsn", default=None, help="an admin DSN of a server (default: the embedded one)")
     parser.add_argument("--pgdata", default="/tmp/pgfence-vacuum-bench/pgdata")
     parser.add_argument("--json", default=None, help="write every sample here")
@@ -134,7 +142,7 @@ def main() -> None:
     results = []
     for index in range(args.rounds):
         for variant in variants if index % 2 == 0 else variants[::-1]:
-            results.append(one_round(admin_dsn, variant, index, args.rate, args.minutes * 60))
+            results.append(one_round(admin_dsn, variant, index, args.rate, args.minutes * 60, args.prefill))
     print("| variant | round | offered/s | mean done/s | max dead tuples | queue at end | autovacuums | vacuums |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
