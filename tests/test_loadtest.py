@@ -178,6 +178,24 @@ def test_xmin_holds_are_reported_with_the_throughput_around_them():
     assert report_mod.around_holds(jobs, events, None) == []
 
 
+def test_the_chart_counts_job_ends_on_the_faults_clock():
+    """Job ends and fault events on one time line: from the database clock
+    when the faults' clock started, not from the first enqueue (an enqueue
+    of 300,000 jobs took 20 s, and the chart drew every fault 20 s early
+    against the jobs)."""
+    import datetime
+
+    from pgfence.tools.loadtest import report as report_mod
+
+    enqueued = datetime.datetime(2026, 12, 4, tzinfo=datetime.timezone.utc)
+    zero = enqueued + datetime.timedelta(seconds=20)
+    jobs = [{"created_at": enqueued, "finished_at": zero + datetime.timedelta(seconds=s)} for s in (1.5, 3.0)]
+    jobs.append({"created_at": enqueued, "finished_at": None})
+    assert report_mod.ended_since(jobs, zero) == [1.5, 3.0]
+    assert report_mod.ended_since(jobs, None) == [21.5, 23.0]
+    assert report_mod.ended_since([], None) == []
+
+
 @pytest.mark.timeout(120)
 def test_without_the_fence_the_audit_names_the_effects_committed_twice(backend, dsn, conn):
     """`pgfence run --unprotected` (no renewal, no fence), effect jobs three

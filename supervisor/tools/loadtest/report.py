@@ -56,6 +56,20 @@ def summary(jobs: list[dict[str, Any]], enqueued: dict[int, str]) -> dict[str, A
     }
 
 
+def ended_since(jobs: list[dict[str, Any]], zero: datetime.datetime | None) -> list[float]:
+    """Seconds from ``zero`` (the database clock when the faults' clock
+    started, the time line of the fault events) at which each job ended;
+    from the first enqueue when ``zero`` is unknown.  The chart draws the
+    jobs and the faults on this one time line: counted from the first
+    enqueue, the jobs came out shifted by the enqueue's length against
+    the faults."""
+    if zero is None:
+        zero = min((j["created_at"] for j in jobs), default=None)
+    if zero is None:
+        return []
+    return [(j["finished_at"] - zero).total_seconds() for j in jobs if j["finished_at"]]
+
+
 def around_holds(jobs: list[dict[str, Any]], events: list[dict[str, Any]],
                  zero: datetime.datetime | None) -> list[dict[str, Any]]:
     """For each xmin fault: jobs ended per second in the hold's length
@@ -64,7 +78,7 @@ def around_holds(jobs: list[dict[str, Any]], events: list[dict[str, Any]],
     recovery."""
     if zero is None:
         return []
-    ended = sorted((j["finished_at"] - zero).total_seconds() for j in jobs if j["finished_at"])
+    ended = sorted(ended_since(jobs, zero))
 
     def rate(low: float, high: float) -> float:
         return round((bisect.bisect_left(ended, high) - bisect.bisect_left(ended, low)) / (high - low), 1)
@@ -178,7 +192,7 @@ def plot(path: str, report: dict[str, Any], finished: list[float], samples: list
     if samples:
         bottom.step([t for t, _ in samples], [v for _, v in samples], where="post", color="tab:red")
     bottom.set_ylabel("reclaims (cumulative)")
-    bottom.set_xlabel("seconds since the jobs were enqueued")
+    bottom.set_xlabel("seconds since the jobs were enqueued (the faults' clock)")
     colors = {"stop": "tab:orange", "kill": "black", "kill-heartbeat": "tab:purple", "terminate": "tab:brown",
               "partition": "tab:cyan", "restart": "tab:green", "xmin": "tab:olive"}
     seen = set()

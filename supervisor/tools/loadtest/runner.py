@@ -199,8 +199,7 @@ class LoadTest:
         rep = self._report(evidence, result, time.monotonic() - started)
         print(json.dumps(rep, indent=2, default=str) if plan.json else report.text(rep))
         if plan.plot:
-            first = min((j["created_at"] for j in evidence.jobs), default=None)
-            finished = [(j["finished_at"] - first).total_seconds() for j in evidence.jobs if j["finished_at"]]
+            finished = report.ended_since(evidence.jobs, evidence.db_zero)
             report.plot(plan.plot, rep, finished, self.samples)
         return 0 if result["passed"] else 1
 
