@@ -35,6 +35,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "prune_interval": (0.01, DAY),
     "graceful_timeout": (0.01, DAY),
     "lost_lease_kill_after": (0.01, HOUR),
+    "vacuum_warn_horizon": (1.0, 30 * DAY),
 }
 
 

@@ -215,6 +215,12 @@ def _shown(convert: Converter, default: Any) -> str:
 
 
 
+#: Defaults of the vacuum settings: measured in bench/vacuum_steady.py (see
+#: bench/README.md, "Vacuum").
+VACUUM_WARN_DEAD_TUPLES = 1_000_000
+VACUUM_WARN_HORIZON = 300.0
+SELF_VACUUM_DEAD_TUPLES = 100_000
+
 #: Upper bounds of a worker's concurrency: a typo (an extra zero) is refused
 #: at start instead of opening thousands of threads.
 THREADS_MAX = 1000
@@ -323,6 +329,26 @@ class Settings:
         doc="a new or empty directory for the processes' Prometheus metric files (pgfence's own: its "
             "files there are deleted at start)",
         shown="$RUNTIME_DIRECTORY/metrics, else a temporary directory", commands=("run",))
+    # Vacuum of the jobs table: when to say that it falls behind, and when
+    # pgfence runs its own VACUUM (see "Vacuum" in the README).
+    vacuum_warn_dead_tuples: int | None = setting(
+        VACUUM_WARN_DEAD_TUPLES, optional(whole), "log a warning when pgfence.jobs holds this many dead row versions",
+        doc="the metrics server logs a WARNING when pgfence.jobs has held this many dead row versions for 2 "
+            "minutes (once, until they fall under half of it); none: never",
+        commands=("run",))
+    vacuum_warn_horizon: float | None = setting(
+        VACUUM_WARN_HORIZON, optional_duration, "log a warning when a transaction holds the xmin horizon this long",
+        doc="the metrics server logs a WARNING when a transaction, a prepared transaction or a replication slot "
+            "has held the xmin horizon this long (VACUUM can remove no row version it may see), once per holder; "
+            "none: never",
+        commands=("run",))
+    self_vacuum_dead_tuples: int | None = setting(
+        SELF_VACUUM_DEAD_TUPLES, optional(whole),
+        "the heartbeat manager runs VACUUM on pgfence.jobs when it holds this many dead row versions; none: never",
+        doc="the heartbeat manager runs a plain `VACUUM` of pgfence.jobs when it holds this many dead row versions "
+            "(autovacuum off, or lagging), at most every 15 s; needs the table's owner, the database's owner or "
+            "(PostgreSQL 17) the MAINTAIN privilege, else it warns once and does nothing; none: never",
+        commands=("run",))
     # Off behind a transaction-pooling PgBouncer, where workers poll every
     # poll_interval instead.
     listen: bool = setting(
@@ -347,7 +373,7 @@ class Settings:
         # Every duration within its documented range (pgfence.bounds).
         for name in bounds.RANGES:
             value = getattr(self, name)
-            if value is not None or name not in ("heartbeat", "timeout", "retention"):
+            if value is not None or name not in ("heartbeat", "timeout", "retention", "vacuum_warn_horizon"):
                 bounds.check(name, value)
         idle = self.idle_in_transaction_timeout
         if idle is not None and not (isinstance(idle, int | float) and IDLE_IN_TRANSACTION_MIN <= idle
@@ -364,7 +390,8 @@ class Settings:
             if getattr(self, name) > most:
                 raise ConfigError(f"invalid {name.replace('_', '-')}: at most {most} per worker, got "
                                   f"{getattr(self, name)}")
-        for name in ("max_jobs_per_child", "max_memory_per_child"):
+        for name in ("max_jobs_per_child", "max_memory_per_child", "vacuum_warn_dead_tuples",
+                     "self_vacuum_dead_tuples"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and value >= 1):
                 raise ConfigError(f"invalid {name.replace('_', '-')}: must be a whole number of at least 1, or "

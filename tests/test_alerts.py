@@ -22,6 +22,8 @@ ALERTS = {
     "PgfenceOldestJobTooOld",
     "PgfenceNoWorkers",
     "PgfenceHeartbeatSlow",
+    "PgfenceVacuumBehind",
+    "PgfenceXminHorizonHeld",
 }
 
 

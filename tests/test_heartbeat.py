@@ -643,7 +643,7 @@ def test_renewals_are_hot_updates(conn):
     here the renewed rows sit in a page with room for all their versions, no
     pruning needed, and each renewal must be HOT; and no index may cover the
     renewed column, by key, expression or predicate."""
-    assert scalar(conn, "SELECT reloptions FROM pg_class WHERE oid = 'pgfence.jobs'::regclass") == ["fillfactor=80"]
+    assert "fillfactor=80" in scalar(conn, "SELECT reloptions FROM pg_class WHERE oid = 'pgfence.jobs'::regclass")
     blocking = conn.execute(
         "SELECT i.indexrelid::regclass::text FROM pg_index i"
         "  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attname = 'lease_until'"

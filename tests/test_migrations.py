@@ -13,7 +13,7 @@ from pgfence.store import migrate
 
 EXPECTED_MIGRATIONS = [(1, "jobs"), (2, "handler_tables"), (3, "jobs_fillfactor"), (4, "complete_fenced"),
                        (5, "claim_indexes"), (6, "kinds"), (7, "putbacks_tracebacks"),
-                       (8, "names")]
+                       (8, "names"), (10, "jobs_autovacuum")]
 
 
 def schema_dump(conn: psycopg.Connection, *, with_applied_at: bool = True) -> dict:
@@ -171,3 +171,14 @@ def test_status_check_constraint_enforced(conn):
     with pytest.raises(psycopg.errors.GeneratedAlways):
         conn.execute("INSERT INTO pgfence.jobs (id, kind) VALUES (12345, 'noop')")
     assert scalar(conn, "SELECT count(*) FROM pgfence.jobs") == 5
+
+
+def test_jobs_table_autovacuum_options(dsn):
+    """Migration 0010's per-table settings, as PostgreSQL reads them back."""
+    with psycopg.connect(dsn) as conn:
+        options = conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'pgfence.jobs'::regclass").fetchone()[0]
+    assert sorted(options) == sorted([
+        "fillfactor=80", "autovacuum_vacuum_scale_factor=0", "autovacuum_vacuum_threshold=1000",
+        "autovacuum_vacuum_insert_scale_factor=0", "autovacuum_vacuum_insert_threshold=1000",
+        "autovacuum_vacuum_cost_delay=0", "autovacuum_analyze_scale_factor=0",
+        "autovacuum_analyze_threshold=5000", "vacuum_truncate=false"])

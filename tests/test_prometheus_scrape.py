@@ -119,6 +119,17 @@ def test_dashboard_panels_show_one_reclaim_and_one_fenced_rejection(dsn, conn, r
              timeout=30, message="both workers idle on the saturation panels")
     assert query(url, panels["Saturation by instance (in flight / capacity)"][0])
     assert round(value(url, panels["Claimed and completed /s by queue"][1].replace("[15s]", "[1m]")) * 60) >= 1
+    # The vacuum row: the metrics server's first refresh read the table's
+    # state; this test's database leaves the table's autovacuum on.
+    by_setting = {r["metric"]["setting"]: float(r["value"][1])
+                  for r in query(url, panels["Autovacuum for pgfence.jobs"][0])}
+    server_on = conn.execute("SELECT current_setting('autovacuum')::boolean").fetchone()[0]
+    assert by_setting == {"server": float(server_on), "table": 1.0}
+    assert value(url, panels["Dead and live row versions in pgfence.jobs"][1]) >= 0
+    assert query(url, panels["xmin horizon held, and time since the last vacuum"][0])
+    assert value(url, panels["xmin horizon held, and time since the last vacuum"][1]) > 0
+    assert {r["metric"]["result"] for r in query(url, panels["pgfence's own VACUUMs"][0])} == \
+        {"done", "held", "skipped"}
     # The alert on prevented double runs fires within its evaluation.
     wait_for(lambda: any(a["labels"]["alertname"] == "PgfenceDoubleRunPrevented"
                          for a in json.loads(http_get(url + "/api/v1/alerts")[1])["data"]["alerts"]),

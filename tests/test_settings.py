@@ -67,7 +67,8 @@ def test_every_setting_is_read_from_its_environment_variable_flag_and_toml_key(t
               "handlers": ("x.jobs", "y"), "workers": 5, "graceful_timeout": 12.0,
               "max_jobs_per_child": 500, "max_memory_per_child": 512,
               "lost_lease_kill_after": 3.0, "idle_in_transaction_timeout": 90.0, "metrics_host": "0.0.0.0",
-              "metrics_port": 9500, "metrics_dir": "/run/m", "listen": False, "prepare": False}
+              "metrics_port": 9500, "metrics_dir": "/run/m", "listen": False, "prepare": False,
+              "vacuum_warn_dead_tuples": 50000, "vacuum_warn_horizon": 120.0, "self_vacuum_dead_tuples": 20000}
     users = [d for d in settings_mod.DECLARATIONS.values() if not d.hidden]
     assert sorted(values) == sorted(d.name for d in users)          # this test covers every setting
 
@@ -89,6 +90,18 @@ def test_every_setting_is_read_from_its_environment_variable_flag_and_toml_key(t
     from_toml = settings_mod.load({}, env={}, config_path=str(toml))
     for loaded in (from_env, from_cli, from_toml):
         assert {name: getattr(loaded, name) for name in values} == values
+
+
+def test_vacuum_settings_take_none_and_refuse_nonsense():
+    loaded = settings_mod.load({}, env={"PGFENCE_VACUUM_WARN_DEAD_TUPLES": "none", "PGFENCE_VACUUM_WARN_HORIZON": "none",
+                                        "PGFENCE_SELF_VACUUM_DEAD_TUPLES": "none"})
+    assert (loaded.vacuum_warn_dead_tuples, loaded.vacuum_warn_horizon, loaded.self_vacuum_dead_tuples) == \
+        (None, None, None)
+    with pytest.raises(ConfigError, match=r"^invalid self-vacuum-dead-tuples: must be a whole number of at least 1, "
+                                          r"or none, got 0$"):
+        settings_mod.load({}, env={"PGFENCE_SELF_VACUUM_DEAD_TUPLES": "0"})
+    with pytest.raises(ConfigError, match=r"^invalid vacuum-warn-horizon: must be a number of seconds from 1s to 30d"):
+        settings_mod.load({}, env={"PGFENCE_VACUUM_WARN_HORIZON": "0.5"})
 
 
 def test_converters_keep_their_one_line_errors():

@@ -75,3 +75,12 @@ SELECT clock_timestamp();
 -- name: loadtest_max_connections
 -- The server's connection limit: the load test sizes its fleet below it.
 SELECT current_setting('max_connections')::int;
+
+-- name: loadtest_hold_snapshot
+-- The xmin fault: run in a REPEATABLE READ transaction that the caller
+-- leaves open, this takes the transaction's snapshot, which holds the
+-- database's xmin horizon where it is until the transaction ends: VACUUM
+-- can remove no row version that ended after it, as with a long report or
+-- a session forgotten in a transaction.  Its backend and its xmin, for the
+-- fault's event.
+SELECT pg_backend_pid(), pg_snapshot_xmin(pg_current_snapshot())::text::bigint;

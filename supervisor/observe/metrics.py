@@ -71,6 +71,28 @@ EVENT_LOOP_BLOCKED = Counter("pgfence_event_loop_blocked",
                              "Times a worker's event loop did not turn for over a second, by the kind running.",
                              ["kind"])
 
+# Vacuum of the jobs table, refreshed by the metrics server with the queue
+# gauges (one query: see vacuum_stats in sql/queries/vacuum.sql).
+JOBS_DEAD_TUPLES = Gauge("pgfence_jobs_dead_tuples", "Dead row versions in pgfence.jobs (pg_stat_user_tables).",
+                         multiprocess_mode="livemax")
+JOBS_LIVE_TUPLES = Gauge("pgfence_jobs_live_tuples", "Live row versions in pgfence.jobs (pg_stat_user_tables).",
+                         multiprocess_mode="livemax")
+JOBS_SINCE_VACUUM = Gauge("pgfence_jobs_last_vacuum_age_seconds",
+                          "Seconds since the last VACUUM or autovacuum of pgfence.jobs (since the statistics "
+                          "began, if none is recorded).", multiprocess_mode="livemax")
+JOBS_AUTOVACUUM = Gauge("pgfence_jobs_autovacuum_enabled",
+                        "1 if autovacuum is on for pgfence.jobs, by setting: server (autovacuum and track_counts) "
+                        "and table (its autovacuum_enabled option).", ["setting"], multiprocess_mode="livemax")
+XMIN_HORIZON_AGE = Gauge("pgfence_xmin_horizon_age_seconds",
+                         "Age of the oldest transaction, prepared transaction or replication slot holding the "
+                         "xmin horizon of pgfence's database (0 if none).", multiprocess_mode="livemax")
+SELF_VACUUMS = Counter("pgfence_self_vacuums",
+                       "pgfence's own VACUUMs of pgfence.jobs, by result (done, held: dead rows stayed, skipped: "
+                       "the table was being vacuumed).", ["result"])
+
+#: The results of pgfence's own VACUUM, as used in the ``result`` label.
+SELF_VACUUM_RESULTS = ("done", "held", "skipped")
+
 #: Why a child replaced itself, as used in the ``reason`` label.
 RECYCLE_REASONS = ("max_jobs", "max_memory", "timeout", "lost_lease")
 
@@ -95,6 +117,8 @@ def initialise(queues: list[str] | tuple[str, ...], kinds: list[str]) -> None:
     WORKER_RESTARTS.inc(0)
     for reason in RECYCLE_REASONS:
         CHILDREN_RECYCLED.labels(reason)
+    for result in SELF_VACUUM_RESULTS:
+        SELF_VACUUMS.labels(result)
 
 
 @functools.cache

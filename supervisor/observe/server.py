@@ -8,8 +8,9 @@ It serves, on the socket the arbiter bound before any fork:
   busy worker can never fail);
 - ``/readyz``: 200 when the database answers and the workers are up.
 
-It also refreshes the ``pgfence_queue_*`` gauges at an interval, so that one
-process, not every scrape of every child, counts the jobs table.  Serving
+It also refreshes the ``pgfence_queue_*`` gauges and the vacuum ones
+(:mod:`pgfence.observe.vacuum`) at an interval, so that one process, not
+every scrape of every child, counts the jobs table.  Serving
 from a child keeps the arbiter free of threads.
 """
 
@@ -30,9 +31,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from pgfence.store import admin, db
+from pgfence.store.vacuum import vacuum_stats
 from pgfence.observe import metrics
+from pgfence.observe.vacuum import VacuumWatch
 from pgfence.prefork import proctitle
 from pgfence.prefork.slots import SlotTable
+from pgfence.settings import Settings
 
 T = TypeVar("T")
 
@@ -46,7 +50,7 @@ QUEUE_REFRESH = 15.0
 
 class MetricsServer:
     def __init__(self, sock: socket.socket, dsn: str, table: SlotTable, liveness: float,
-                 queue_refresh: float = QUEUE_REFRESH):
+                 queue_refresh: float = QUEUE_REFRESH, settings: Settings | None = None):
         self.sock = sock
         self.dsn = dsn
         self.table = table
@@ -57,6 +61,8 @@ class MetricsServer:
         self._stop = threading.Event()
         self._seen: set[tuple[str, str]] = set()
         self._queues: set[str] = set()
+        settings = settings or Settings()
+        self.vacuum = VacuumWatch(settings.vacuum_warn_dead_tuples, settings.vacuum_warn_horizon)
 
     # -- checks ------------------------------------------------------------------
 
@@ -115,12 +121,17 @@ class MetricsServer:
             metrics.QUEUE_OLDEST_AGE.labels(queue).set(oldest.get(queue, 0.0))
         return len(rows)
 
+    def refresh_vacuum(self) -> list[str]:
+        """Set the vacuum gauges from one query; return the warnings logged."""
+        return self.vacuum.observe(self._query(vacuum_stats), time.monotonic())
+
     def _refresh_loop(self) -> None:
         while not self._stop.is_set():
-            try:
-                self.refresh_queues()
-            except Exception as exc:  # noqa: BLE001 - the next round tries again
-                log.warning("queue gauges not refreshed: %s", db.first_line(exc))
+            for refresh, what in ((self.refresh_queues, "queue"), (self.refresh_vacuum, "vacuum")):
+                try:
+                    refresh()
+                except Exception as exc:  # noqa: BLE001 - the next round tries again
+                    log.warning("%s gauges not refreshed: %s", what, db.first_line(exc))
             self._stop.wait(self.queue_refresh)
 
     # -- HTTP ----------------------------------------------------------------------------
@@ -168,14 +179,14 @@ class MetricsServer:
             self._stop.set()
 
 
-def main(sock: socket.socket, dsn: str, table: SlotTable, liveness: float) -> int:
+def main(sock: socket.socket, dsn: str, table: SlotTable, liveness: float, settings: Settings) -> int:
     parent = os.getppid()
     for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     signal.set_wakeup_fd(-1)
     host, port = sock.getsockname()[:2]
     proctitle.set(f"pgfence metrics {host}:{port}")
-    server = MetricsServer(sock, dsn, table, liveness)
+    server = MetricsServer(sock, dsn, table, liveness, settings=settings)
     proctitle.die_with_parent(parent)
     server.serve()
     return 0

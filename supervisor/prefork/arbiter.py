@@ -356,7 +356,7 @@ class Arbiter:
 
         def main() -> int:
             self._close_inherited(keep_metrics=True)
-            return metrics_server.main(sock, self.dsn, self.table, self.liveness)
+            return metrics_server.main(sock, self.dsn, self.table, self.liveness, self.settings)
 
         return self._fork_helper("metrics server", main)
 

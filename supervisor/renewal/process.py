@@ -27,6 +27,7 @@ from pgfence import registry
 from pgfence.backoff import Backoff
 from pgfence.renewal.renewer import HeartbeatManager, renew_period
 from pgfence.worker.lease import Lease
+from pgfence.worker.vacuum import SelfVacuum
 from pgfence.prefork.child import worker_name
 from pgfence.settings import Settings
 from pgfence.prefork.slots import ACTIVE, FREE, ORPHANED_CRASH, ORPHANED_STOP, SlotTable
@@ -197,6 +198,11 @@ def main(dsn: str, settings: Settings, table: SlotTable, liveness: float, instan
     # Blocked by the arbiter across the fork (see child.STARTUP_BLOCKED).
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGUSR1})
     process = RenewalProcess(dsn, settings, table, liveness=liveness, instance=instance)
+    # pgfence's own VACUUM of the jobs table, on a thread and a connection
+    # of its own: no renewal waits for it (see pgfence.worker.vacuum).
+    vacuum = SelfVacuum(dsn, settings.self_vacuum_dead_tuples) if settings.self_vacuum_dead_tuples else None
+    if vacuum is not None:
+        vacuum.start()
     next_at = time.monotonic()
     try:
         while not stop:
@@ -220,5 +226,7 @@ def main(dsn: str, settings: Settings, table: SlotTable, liveness: float, instan
                 os.read(wake_r, 512)
         process.release_orphans()
     finally:
+        if vacuum is not None:
+            vacuum.stop()
         process.manager.stop()
     return 0

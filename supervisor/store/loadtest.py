@@ -119,3 +119,11 @@ def max_connections(conn: psycopg.Connection) -> int:
     if row is None:
         raise AssertionError("loadtest_max_connections returned no row")
     return int(row[0])
+
+
+def hold_snapshot(conn: psycopg.Connection) -> tuple[int, int]:
+    """Take the snapshot of ``conn``'s REPEATABLE READ transaction, which
+    then holds the xmin horizon until it ends; its backend pid and xmin."""
+    row = conn.execute(q("loadtest_hold_snapshot")).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])

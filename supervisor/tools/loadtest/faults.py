@@ -22,7 +22,14 @@ hit is tried again a quarter second later.
 - ``partition``: one proxy link cut (a supervisor's, or PgBouncer's) for 1.5
   to 2.5 leases, then healed;
 - ``restart``: a fast restart of the server, only when the load test owns it
-  (``--embedded``); otherwise reported as skipped.
+  (``--embedded``); otherwise reported as skipped;
+- ``xmin``: a session of its own, straight to the server, opens a
+  REPEATABLE READ transaction and takes its snapshot, which holds the xmin
+  horizon (VACUUM removes no row version that ended after it, so dead
+  versions pile up in the claim's path) for ``--xmin-hold`` seconds (or 1.5
+  to 2.5 leases), then ends it, as a long report or a forgotten session
+  would.  No job is lost or run again because of it: the report shows the
+  throughput before, during and after each hold.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from typing import Any
 
 import psycopg
 
+from pgfence.errors import PgfenceError
 from pgfence.store import loadtest
 from pgfence.tools.loadtest.fleet import Fleet
 from pgfence.tools.loadtest.proxy import Proxy
@@ -56,7 +64,8 @@ RESTART_SKIPPED = "the load test does not control the server (run with --embedde
 
 class Faults:
     def __init__(self, faults: tuple[str, ...], *, seed: int, interval: float, lease: float, fleet: Fleet,
-                 proxy: Proxy, server: Server, link_names: list[str], clock_zero: float):
+                 proxy: Proxy, server: Server, link_names: list[str], clock_zero: float,
+                 xmin_hold: float | None = None):
         self.skipped = {"restart": RESTART_SKIPPED} if "restart" in faults and not server.controlled else {}
         self.enabled = [f for f in faults if f not in self.skipped]
         self.schedule = random.Random(f"pgfence-loadtest-faults:{seed}")
@@ -77,6 +86,9 @@ class Faults:
         self._undo: list[tuple[float, Callable[[], None]]] = []
         self._stopped: set[int] = set()
         self._conn: psycopg.Connection | None = None
+        self.xmin_hold = xmin_hold
+        #: The xmin fault's open transactions (one per hold not yet ended).
+        self._holders: list[psycopg.Connection] = []
 
     def _gap(self) -> float:
         return self.schedule.uniform(0.5, 1.5) * self.interval
@@ -228,6 +240,27 @@ class Faults:
             self._conn = None
         self.server.restart()
         return {"seconds": round(time.monotonic() - started, 3)}
+
+    def _xmin(self, now: float) -> dict[str, Any] | None:
+        seconds = self.xmin_hold if self.xmin_hold is not None else self._span()
+        try:
+            holder = self.server.connect("pgfence loadtest xmin")
+            holder.autocommit = False
+            holder.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            pid, xmin = loadtest.hold_snapshot(holder)
+        except (psycopg.Error, PgfenceError):
+            return None    # the server restarts: tried again shortly
+        self._holders.append(holder)
+
+        def release() -> None:
+            # A restart may have ended the transaction already.
+            with contextlib.suppress(psycopg.Error):
+                holder.rollback()
+            holder.close()
+            self._holders.remove(holder)
+
+        self._undo.append((now + seconds, release))
+        return {"pid": pid, "xmin": xmin, "seconds": seconds}
 
 
 def _signal(pid: int, sig: int) -> None:

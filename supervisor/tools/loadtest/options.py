@@ -15,7 +15,7 @@ from pgfence.settings import ASYNC_CONCURRENCY_MAX, THREADS_MAX, parse_duration
 from pgfence.tools.loadtest import mix as mix_mod
 
 #: Every fault, in the order the report lists them.
-FAULTS = ("stop", "kill", "kill-heartbeat", "terminate", "partition", "restart")
+FAULTS = ("stop", "kill", "kill-heartbeat", "terminate", "partition", "restart", "xmin")
 DEFAULT_MIX = "noop=40,sleep=30,fail=10,effect=10,receipt=10"
 
 
@@ -40,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated faults to inject: {','.join(FAULTS)}, or all, or none (default none)")
     p.add_argument("--fault-interval", default="5",
                    help="mean seconds between faults, each drawn from half to one and a half of it (default 5)")
+    p.add_argument("--xmin-hold", default=None,
+                   help="seconds the xmin fault holds the horizon (default: 1.5 to 2.5 leases, drawn per fault)")
     p.add_argument("--seed", help="seed of the job mix and the fault schedule (default: random, reported)")
     p.add_argument("--timeout", default="600", help="seconds to wait for every job to end (default 600)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -72,6 +74,8 @@ class Plan:
     poll_interval: float
     faults: tuple[str, ...]
     fault_interval: float
+    #: Seconds the xmin fault holds the horizon; None: drawn like a stop's.
+    xmin_hold: float | None
     seed: int
     timeout: float
     json: bool
@@ -106,7 +110,8 @@ class Plan:
             "mix": dict(self.weights), "counts": dict(self.counts),
             "sleep_mean": self.sleep_mean, "sleep_max": self.sleep_max,
             "lease": self.lease, "poll_interval": self.poll_interval, "faults": list(self.faults),
-            "fault_interval": self.fault_interval, "seed": self.seed, "timeout": self.timeout,
+            "fault_interval": self.fault_interval, "xmin_hold": self.xmin_hold, "seed": self.seed,
+            "timeout": self.timeout,
             "pgbouncer": self.pgbouncer, "embedded": self.embedded, "unprotected": self.unprotected,
         }
 
@@ -160,6 +165,7 @@ def plan(args: argparse.Namespace) -> Plan:
     poll_interval = _seconds("--poll-interval", args.poll_interval)
     faults = parse_faults(args.faults)
     fault_interval = _seconds("--fault-interval", args.fault_interval)
+    xmin_hold = None if args.xmin_hold is None else _seconds("--xmin-hold", args.xmin_hold)
     timeout = _seconds("--timeout", args.timeout)
     seed = secrets.randbelow(2**31) if args.seed is None else _whole("--seed", args.seed, 0, 2**63 - 1)
     if args.embedded and args.dsn:
@@ -180,6 +186,7 @@ def plan(args: argparse.Namespace) -> Plan:
     return Plan(jobs=jobs, supervisors=supervisors, workers=workers, batch=batch, threads=threads,
                 async_concurrency=async_concurrency, weights=weights,
                 counts=mix_mod.allocate(jobs, weights), sleep_mean=sleep_mean, sleep_max=sleep_max, lease=lease,
-                poll_interval=poll_interval, faults=faults, fault_interval=fault_interval, seed=seed,
+                poll_interval=poll_interval, faults=faults, fault_interval=fault_interval, xmin_hold=xmin_hold,
+                seed=seed,
                 timeout=timeout, json=args.json, plot=args.plot, progress=args.progress, pgbouncer=args.pgbouncer,
                 embedded=args.embedded, dsn=args.dsn, log_dir=args.log_dir, unprotected=args.unprotected)

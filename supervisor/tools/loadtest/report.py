@@ -8,6 +8,8 @@ ended the job; throughput is the jobs over the time from the first enqueue
 
 from __future__ import annotations
 
+import bisect
+import datetime
 import math
 import sys
 from collections import Counter
@@ -54,6 +56,43 @@ def summary(jobs: list[dict[str, Any]], enqueued: dict[int, str]) -> dict[str, A
     }
 
 
+def ended_since(jobs: list[dict[str, Any]], zero: datetime.datetime | None) -> list[float]:
+    """Seconds from ``zero`` (the database clock when the faults' clock
+    started, the time line of the fault events) at which each job ended;
+    from the first enqueue when ``zero`` is unknown.  The chart draws the
+    jobs and the faults on this one time line: counted from the first
+    enqueue, the jobs came out shifted by the enqueue's length against
+    the faults."""
+    if zero is None:
+        zero = min((j["created_at"] for j in jobs), default=None)
+    if zero is None:
+        return []
+    return [(j["finished_at"] - zero).total_seconds() for j in jobs if j["finished_at"]]
+
+
+def around_holds(jobs: list[dict[str, Any]], events: list[dict[str, Any]],
+                 zero: datetime.datetime | None) -> list[dict[str, Any]]:
+    """For each xmin fault: jobs ended per second in the hold's length
+    before it, during it, and after it (by the database clock, from
+    ``zero``, the time line of the fault events): the dip and the
+    recovery."""
+    if zero is None:
+        return []
+    ended = sorted(ended_since(jobs, zero))
+
+    def rate(low: float, high: float) -> float:
+        return round((bisect.bisect_left(ended, high) - bisect.bisect_left(ended, low)) / (high - low), 1)
+
+    out = []
+    for event in events:
+        if event["fault"] != "xmin":
+            continue
+        start, span = float(event["t"]), float(event["seconds"])
+        out.append({"t": start, "seconds": span, "before": rate(start - span, start),
+                    "during": rate(start, start + span), "after": rate(start + span, start + 2 * span)})
+    return out
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.0f}ms" if value < 10 else f"{value:.1f}s"
 
@@ -87,6 +126,9 @@ def text(report: dict[str, Any]) -> str:
         parts = [f"{f} {n}" for f, n in faults["injected"].items() if f not in faults["skipped"]]
         parts += [f"{f} skipped: {why}" for f, why in faults["skipped"].items()]
         lines.append("  faults: " + ", ".join(parts))
+    for hold in faults.get("xmin_holds", []):
+        lines.append(f"  xmin horizon held at {hold['t']:.1f}s for {hold['seconds']:.1f}s: jobs/s "
+                     f"{hold['before']:g} before, {hold['during']:g} during, {hold['after']:g} after")
     audit = report["audit"]
     lines.append("audit: " + ("PASS" if audit["passed"] else "FAIL"))
     for check in audit["checks"]:
@@ -150,9 +192,9 @@ def plot(path: str, report: dict[str, Any], finished: list[float], samples: list
     if samples:
         bottom.step([t for t, _ in samples], [v for _, v in samples], where="post", color="tab:red")
     bottom.set_ylabel("reclaims (cumulative)")
-    bottom.set_xlabel("seconds since the jobs were enqueued")
+    bottom.set_xlabel("seconds since the jobs were enqueued (the faults' clock)")
     colors = {"stop": "tab:orange", "kill": "black", "kill-heartbeat": "tab:purple", "terminate": "tab:brown",
-              "partition": "tab:cyan", "restart": "tab:green"}
+              "partition": "tab:cyan", "restart": "tab:green", "xmin": "tab:olive"}
     seen = set()
     for event in report["faults"]["events"]:
         label = event["fault"] if event["fault"] not in seen else None
@@ -160,6 +202,8 @@ def plot(path: str, report: dict[str, Any], finished: list[float], samples: list
         for axis in (top, bottom):
             axis.axvline(event["t"], color=colors.get(event["fault"], "gray"), linestyle="--", linewidth=0.8,
                          label=label if axis is top else None)
+            if event["fault"] == "xmin":   # the span the horizon was held
+                axis.axvspan(event["t"], event["t"] + event["seconds"], color=colors["xmin"], alpha=0.15)
     if seen:
         top.legend(loc="upper right", fontsize="small")
     fig.tight_layout()

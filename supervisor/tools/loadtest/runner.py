@@ -101,7 +101,9 @@ class LoadTest:
         self.server = Server.open(plan.dsn, embedded_in=self.tmp if plan.embedded else None)
         stack.callback(self.server.close)
         stack.callback(self._close_conn)
-        needed = plan.supervisors * (plan.workers * self.connections_per_worker() + 3)
+        # Per supervisor, besides its workers: the heartbeat manager's, its
+        # self-vacuum's and the metrics server's connections, and one spare.
+        needed = plan.supervisors * (plan.workers * self.connections_per_worker() + 4)
         if not plan.pgbouncer and needed > self.server.max_connections - 5:
             print(f"pgfence loadtest: warning: {plan.supervisors} x {plan.workers} workers need up to {needed} "
                   f"connections and the server allows {self.server.max_connections}: use --pgbouncer",
@@ -187,7 +189,7 @@ class LoadTest:
         self.db_zero = loadtest_store.clock(self._db())
         self.faults = Faults(plan.faults, seed=plan.seed, interval=plan.fault_interval, lease=plan.lease,
                              fleet=self.fleet, proxy=self.proxy, server=self.server, link_names=self.link_names,
-                             clock_zero=zero)
+                             clock_zero=zero, xmin_hold=plan.xmin_hold)
         self.stack.callback(self.faults.finish)
         self.samples: list[tuple[float, float]] = []
         self.timed_out = self._wait(zero)
@@ -199,8 +201,7 @@ class LoadTest:
         rep = self._report(evidence, result, time.monotonic() - started)
         print(json.dumps(rep, indent=2, default=str) if plan.json else report.text(rep))
         if plan.plot:
-            first = min((j["created_at"] for j in evidence.jobs), default=None)
-            finished = [(j["finished_at"] - first).total_seconds() for j in evidence.jobs if j["finished_at"]]
+            finished = report.ended_since(evidence.jobs, evidence.db_zero)
             report.plot(plan.plot, rep, finished, self.samples)
         return 0 if result["passed"] else 1
 
@@ -297,6 +298,7 @@ class LoadTest:
             "metrics": ev.metrics,
             "database": audit.database_totals(ev),
             "faults": {"injected": dict(f.counts), "skipped": dict(f.skipped), "events": f.events,
+                       "xmin_holds": report.around_holds(ev.jobs, f.events, ev.db_zero),
                        "terminated": dict(f.terminated), "server_restarts": self.server.restarts},
             "email": {"requests": sum(ev.deliveries.values()), "distinct_keys": len(ev.deliveries)},
             "audit": result,

@@ -106,8 +106,8 @@ class Server:
             params["password"] = self.password
         return make_conninfo("", **params)
 
-    def connect(self) -> psycopg.Connection:
-        return db.connect(self.dsn, application_name="pgfence loadtest")
+    def connect(self, application_name: str = "pgfence loadtest") -> psycopg.Connection:
+        return db.connect(self.dsn, application_name=application_name)
 
     def restart(self) -> None:
         """Restart the server with its pg_ctl (fast shutdown: every session is
