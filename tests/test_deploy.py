@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pgtools import finish
 from pgfence import enqueue
 from pgfence.cli import main as cli
 from pgfence import settings as settings_mod
@@ -377,7 +378,7 @@ def test_podmonitor_scrapes_the_pods_metrics_port():
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] in port_names
 
 
-KEDA_QUERY = ("SELECT count(*) FROM pgfence.jobs WHERE queue IN ('default') "
+KEDA_QUERY = ("SELECT count(*) FROM pgfence.all_jobs WHERE queue IN ('default') "
               "AND (status = 'running' OR (status = 'queued' AND run_at <= now()))")
 
 
@@ -418,7 +419,7 @@ def test_keda_query_counts_running_and_due_jobs_of_the_queues(conn):
     enqueue(conn, "noop", {}, delay=3600)                        # not due yet
     enqueue(conn, "noop", {}, queue="mail")                      # another queue
     done = enqueue(conn, "noop", {})
-    conn.execute("UPDATE pgfence.jobs SET status = 'done', finished_at = now() WHERE id = %s", (done,))
+    finish(conn, done)
     query = load_yaml("keda-scaledobject.yaml")["spec"]["triggers"][0]["metadata"]["query"]
     [(count,)] = conn.execute(query).fetchall()
     assert count == 3

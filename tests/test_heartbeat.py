@@ -53,7 +53,7 @@ def expire(conn, job_id: int) -> None:
 
 
 def lease_until(conn, job_id: int):
-    return scalar(conn, "SELECT lease_until FROM pgfence.jobs WHERE id = %s", (job_id,))
+    return scalar(conn, "SELECT lease_until FROM pgfence.all_jobs WHERE id = %s", (job_id,))
 
 
 def lost_total(queue: str, kind: str, reason: str) -> float:
@@ -154,7 +154,7 @@ def test_many_leases_are_renewed_by_one_statement_per_round(dsn, conn, managers)
     assert (result.sent, result.renewed, result.lost, result.error) == (25, 25, {}, None)
     rows = conn.execute(
         "SELECT id, lease_until, lease_until - make_interval(secs => 40 + (row_number() OVER (ORDER BY id) - 1))"
-        "  FROM pgfence.jobs WHERE queue = %s ORDER BY id", (queue,)).fetchall()
+        "  FROM pgfence.all_jobs WHERE queue = %s ORDER BY id", (queue,)).fetchall()
     assert [r[0] for r in rows] == ids
     assert all(r[1] > before[r[0]] for r in rows)
     renewed_at = {r[2] for r in rows}
@@ -168,7 +168,7 @@ def test_many_leases_are_renewed_by_one_statement_per_round(dsn, conn, managers)
     assert (second.sent, second.renewed) == (25, 25)
     again = {r[0] for r in conn.execute(
         "SELECT lease_until - make_interval(secs => 40 + (row_number() OVER (ORDER BY id) - 1))"
-        "  FROM pgfence.jobs WHERE queue = %s", (queue,))}
+        "  FROM pgfence.all_jobs WHERE queue = %s", (queue,))}
     assert len(again) == 1 and again.pop() > renewed_at.pop()
 
 
@@ -659,9 +659,9 @@ def test_renewals_are_hot_updates(conn):
     params = {"ids": [r[0] for r in rows], "attempts": [r[5] for r in rows], "leases": [30.0] * 3}
     # Every version of the three rows fits in their one page, with room to
     # spare: no renewal needs pruning to stay in the page.
-    pages = "SELECT count(DISTINCT (ctid::text::point)[0]) FROM pgfence.jobs"
+    pages = "SELECT count(DISTINCT (ctid::text::point)[0]) FROM pgfence.all_jobs"
     assert scalar(conn, pages) == 1
-    size = scalar(conn, "SELECT max(pg_column_size(j.*)) FROM pgfence.jobs j")
+    size = scalar(conn, "SELECT max(pg_column_size(j.*)) FROM pgfence.all_jobs j")
     assert 3 * (2 + 8) * (size + 28) < 8192 * 0.8, size   # versions: enqueue, claim, 8 renewals
     counts = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relid = 'pgfence.jobs'::regclass"
 

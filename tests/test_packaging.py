@@ -205,10 +205,10 @@ def test_pgfence_and_supervisord_install_side_by_side(wheel, dsn, conn, tmp_path
                                  "--handlers", "pgfence.handlers.builtin"],
                                 cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: scalar(conn, "SELECT status FROM pgfence.jobs WHERE id = %s", (job_id,)) == "done"
+        wait_for(lambda: scalar(conn, "SELECT status FROM pgfence.all_jobs WHERE id = %s", (job_id,)) == "done"
                  or proc.poll() is not None, timeout=60, message="the noop job done")
         assert proc.poll() is None, log.read_text()
-        assert scalar(conn, "SELECT status FROM pgfence.jobs WHERE id = %s", (job_id,)) == "done"
+        assert scalar(conn, "SELECT status FROM pgfence.all_jobs WHERE id = %s", (job_id,)) == "done"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log.read_text()
     finally:

@@ -127,7 +127,7 @@ def test_a_worker_without_handler_modules_is_one_line_and_exit_2(dsn, conn, comm
     assert NO_HANDLERS == ("no handler modules: name them with --handlers myapp.jobs "
                            "(or PGFENCE_HANDLERS, or handlers = [...] in the settings file)")
     # Nothing was claimed nor recorded.
-    assert conn.execute("SELECT status, attempt FROM pgfence.jobs").fetchall() == [("queued", 0)]
+    assert conn.execute("SELECT status, attempt FROM pgfence.all_jobs").fetchall() == [("queued", 0)]
     assert scalar(conn, "SELECT count(*) FROM pgfence.kinds") == 0
 
 
@@ -138,13 +138,13 @@ def test_enqueue_without_handler_modules_checks_the_kinds_workers_registered(dsn
     assert (out.returncode, out.stdout) == (2, "")
     assert out.stderr == ("pgfence: error: unknown job kind 'noop' (known: none); no worker has registered "
                           "it either (--any-kind enqueues it anyway)\n")
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs") == 0
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs") == 0
 
     work = run_pgfence("work", "--burst", "--handlers", "pgfence.handlers.builtin", env=env)
     assert work.returncode == 0, work.stderr
     out = run_pgfence("enqueue", "noop", env=env)
     assert (out.returncode, out.stderr) == (0, "")
-    assert conn.execute("SELECT id, kind, status FROM pgfence.jobs").fetchall() == [(int(out.stdout), "noop",
+    assert conn.execute("SELECT id, kind, status FROM pgfence.all_jobs").fetchall() == [(int(out.stdout), "noop",
                                                                                      "queued")]
 
 
