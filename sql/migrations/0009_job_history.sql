@@ -185,3 +185,29 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- The jobs a claim's verdict fails (no attempts left, or quarantined), with
+-- their new reclaim counts and verdicts, moved to history; the history rows.
+-- A function, so that the claim's own text names no history table: a
+-- statement that names pgfence.job_history locks it when it starts, and a
+-- claim must go on while retention detaches a partition (which holds that
+-- table's ACCESS EXCLUSIVE lock for a moment).  With no verdict, the insert
+-- below is never run and the claim takes no lock on history at all.
+CREATE FUNCTION pgfence.fail_claimed(p_ids bigint[], p_reclaims integer[], p_verdicts text[])
+RETURNS SETOF pgfence.job_history
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce(cardinality(p_ids), 0) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH moved AS (
+        DELETE FROM pgfence.jobs j
+         USING unnest(p_ids, p_reclaims, p_verdicts) AS v(id, reclaims, verdict)
+         WHERE j.id = v.id
+        RETURNING j.id, now(), j.created_at, j.run_at, j.started_at, j.attempt, j.max_attempts, v.reclaims,
+                  j.max_reclaims, j.priority, j.putbacks, 'failed'::text, j.queue, j.kind, j.dedupe_key,
+                  j.payload, v.verdict, j.last_traceback)
+    INSERT INTO pgfence.job_history SELECT * FROM moved RETURNING *;
+END;
+$$;

@@ -74,9 +74,10 @@ WITH cand AS (
        AND h.status IN ('failed', 'cancelled')
     RETURNING h.*
 ), requeued AS (
-    INSERT INTO pgfence.jobs OVERRIDING SYSTEM VALUE
+    INSERT INTO pgfence.jobs
            (id, queue, kind, payload, status, attempt, max_attempts, reclaims, max_reclaims, priority,
             run_at, dedupe_key, last_error, created_at, started_at, putbacks, last_traceback)
+    OVERRIDING SYSTEM VALUE
     SELECT id, queue, kind, payload, 'queued', attempt, attempt - putbacks + %(extra_attempts)s, 0,
            max_reclaims, priority, now(), dedupe_key, last_error, created_at, started_at, putbacks,
            last_traceback

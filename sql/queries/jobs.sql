@@ -4,7 +4,8 @@
 -- (reclaims), highest priority first, then oldest run_at, then id.  Every
 -- claim bumps attempt, the fencing token.  A reclaim on the final attempt,
 -- or past max_reclaims, turns the job failed instead of running it again,
--- and moves it to pgfence.job_history in the same statement.
+-- and moves it to pgfence.job_history in the same statement
+-- (pgfence.fail_claimed, migration 0009).
 -- prev_status tells reclaims apart.  The attempts spent are attempt -
 -- putbacks: a put-back (put_back_unknown) is a claim that ran nothing.
 -- The verdict is computed from the row versions that FOR UPDATE locked, never
@@ -65,18 +66,14 @@ WITH candidates AS (
            END AS verdict
       FROM candidates
 ), failed AS (
-    -- A verdict ends the job: it leaves for history in this statement.
-    DELETE FROM pgfence.jobs j
-     USING decided d
-     WHERE j.id = d.id AND d.verdict IS NOT NULL
-    RETURNING j.id, now() AS finished_at, j.created_at, j.run_at, j.started_at, j.attempt, j.max_attempts,
-              d.new_reclaims AS reclaims, j.max_reclaims, j.priority, j.putbacks, 'failed'::text AS status,
-              j.queue, j.kind, j.dedupe_key, j.payload, d.verdict AS last_error, j.last_traceback, d.prev_status
-), archived AS (
-    INSERT INTO pgfence.job_history
-    SELECT id, finished_at, created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims,
-           priority, putbacks, status, queue, kind, dedupe_key, payload, last_error, last_traceback
-      FROM failed
+    -- A verdict ends the job: it leaves for history in this statement,
+    -- through a function that touches history only when there is one.
+    SELECT f.*, d.prev_status
+      FROM pgfence.fail_claimed(
+               ARRAY(SELECT id FROM decided WHERE verdict IS NOT NULL ORDER BY id),
+               ARRAY(SELECT new_reclaims FROM decided WHERE verdict IS NOT NULL ORDER BY id),
+               ARRAY(SELECT verdict FROM decided WHERE verdict IS NOT NULL ORDER BY id)) AS f
+      JOIN decided d ON d.id = f.id
 ), claimed AS (
     UPDATE pgfence.jobs j
        SET status      = 'running',
@@ -132,7 +129,6 @@ WITH owned AS (
       JOIN pgfence.jobs j ON j.id = f.id AND j.attempt = f.attempt AND j.status = 'running'
      ORDER BY j.id
        FOR UPDATE OF j
-)
 ), moved AS (
     DELETE FROM pgfence.jobs j
      USING owned o

@@ -32,7 +32,7 @@ def status(conn: psycopg.Connection) -> dict[str, Any]:
     with its lease."""
     with db.translated():
         counts: dict[str, dict[str, int]] = {}
-        percent = history_sample_percent(store.history_estimate(conn))
+        percent = history_sample_percent(store.history_estimate(conn), EXACT_HISTORY_ROWS)
         for count in store.status_counts(conn, percent=percent):
             counts.setdefault(count.queue, {})[count.status] = count.jobs
         running = [
