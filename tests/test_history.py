@@ -127,3 +127,19 @@ def test_status_reports_sampled_counts_as_estimated(conn, monkeypatch):
     assert sampled["estimated"] is True
     assert set(sampled["queues"]) == {"default"} and set(sampled["queues"]["default"]) == {"done"}
     assert 0 < sampled["queues"]["default"]["done"] < 120000
+
+
+def test_a_finished_no_op_job_costs_history_under_200_bytes(conn):
+    """Measured with bench/history_footprint.py: about 150 bytes a job in
+    history (heap and both indexes), against about 560 in 0008's jobs table."""
+    jobs = 20000
+    conn.execute("SELECT count(pgfence.enqueue('noop', '{}')) FROM generate_series(1, %s)", (jobs,))
+    conn.execute("""UPDATE pgfence.jobs SET status = 'running', attempt = 1, locked_by = 'host:1234:w1:0a1b2c3d',
+                           lease_until = now() + interval '1 minute', started_at = now()""")
+    for _ in range(jobs // 1000):
+        ids = [r[0] for r in conn.execute("SELECT id FROM pgfence.jobs ORDER BY id LIMIT 1000")]
+        assert len(store.complete_many(conn, ids, [1] * len(ids))) == len(ids)
+    assert live(conn) == []
+    size = scalar(conn, """SELECT sum(pg_total_relation_size(inhrelid)) FROM pg_inherits
+                            WHERE inhparent = 'pgfence.job_history'::regclass""")
+    assert 100 < size / jobs < 200, size / jobs
