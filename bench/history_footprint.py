@@ -15,13 +15,8 @@ second.  Sizes are deterministic, not timings: no need to interleave runs.
 
 from __future__ import annotations
 
-import sys
-import uuid
+from scratch import admin_dsn, argv, scratch_database
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-from pgfence.store import migrate
 from pgfence.store.queries import q
 
 #: The claim's writes to a job (0008's claim statement needs no 0009 function).
@@ -42,42 +37,25 @@ SIZE_NEW = """SELECT sum(pg_total_relation_size(inhrelid)) FROM pg_inherits
 
 
 def run(admin: str, upto: int | None, jobs: int) -> float:
-    name = f"pgfence_footprint_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        params = conninfo_to_dict(admin)
-        params["dbname"] = name
-        with psycopg.connect(make_conninfo("", **params), autocommit=True) as conn:
-            with conn.transaction():
-                conn.execute(q("migrations_bootstrap"))
-                for m in migrate.available():
-                    if upto is None or m.version <= upto:
-                        conn.execute(m.sql())
-                        conn.execute(q("migrations_record"), {"version": m.version, "name": m.name})
+    with scratch_database(admin, upto) as conn:
+        conn.execute("SELECT count(pgfence.enqueue('noop', '{}')) FROM generate_series(1, %s)", (jobs,))
+        while True:
+            rows = conn.execute(CLAIM).fetchall()
+            if not rows:
+                break
+            ids, attempts = [r[0] for r in rows], [r[1] for r in rows]
             if upto is None:
-                migrate.apply(conn)     # the partitions ahead
-            conn.execute("SELECT count(pgfence.enqueue('noop', '{}')) FROM generate_series(1, %s)", (jobs,))
-            while True:
-                rows = conn.execute(CLAIM).fetchall()
-                if not rows:
-                    break
-                ids, attempts = [r[0] for r in rows], [r[1] for r in rows]
-                if upto is None:
-                    conn.execute(q("complete_many"), {"ids": ids, "attempts": attempts})
-                else:
-                    conn.execute(OLD_COMPLETE_MANY, {"ids": ids})
-            conn.execute("VACUUM pgfence.jobs")
-            size = conn.execute(SIZE_NEW if upto is None else SIZE_OLD).fetchone()[0]
-            return float(size) / jobs
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                conn.execute(q("complete_many"), {"ids": ids, "attempts": attempts})
+            else:
+                conn.execute(OLD_COMPLETE_MANY, {"ids": ids})
+        conn.execute("VACUUM pgfence.jobs")
+        size = conn.execute(SIZE_NEW if upto is None else SIZE_OLD).fetchone()[0]
+        return float(size) / jobs
 
 
 def main() -> None:
-    admin = sys.argv[1] if len(sys.argv) > 1 else "postgresql://postgres@127.0.0.1:5432/postgres"
-    jobs = int(sys.argv[2]) if len(sys.argv) > 2 else 100_000
+    admin = admin_dsn()
+    jobs = argv(2, 100_000)
     old = run(admin, 8, jobs)
     new = run(admin, None, jobs)
     print(f"{jobs} finished no-op jobs, bytes per job (pg_total_relation_size):")

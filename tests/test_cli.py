@@ -258,7 +258,8 @@ def test_status_counts_and_running_jobs(dsn, conn, make_worker):
 
 def test_status_of_an_empty_queue(dsn):
     out = pgfence("status", "--json", dsn=dsn)
-    assert (out.returncode, json.loads(out.stdout), out.stderr) == (0, {"queues": {}, "running": []}, "")
+    assert (out.returncode, json.loads(out.stdout), out.stderr) == \
+        (0, {"queues": {}, "running": [], "estimated": False}, "")
 
 
 # -- retry and cancel --------------------------------------------------------------

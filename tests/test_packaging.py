@@ -105,7 +105,7 @@ def test_installed_wheel_migrates_reports_and_works_outside_the_repository(insta
 
     status = run_installed(installed, tmp_path, "-m", "pgfence", "status", "--json", dsn=empty_dsn)
     assert status.returncode == 0, status.stderr
-    assert json.loads(status.stdout) == {"queues": {}, "running": []}
+    assert json.loads(status.stdout) == {"queues": {}, "running": [], "estimated": False}
 
     ids = []
     for n in range(3):
@@ -122,7 +122,7 @@ def test_installed_wheel_migrates_reports_and_works_outside_the_repository(insta
 
     status = run_installed(installed, tmp_path, "-m", "pgfence", "status", "--json", dsn=empty_dsn)
     assert status.returncode == 0, status.stderr
-    assert json.loads(status.stdout) == {"queues": {"default": {"done": 3}}, "running": []}
+    assert json.loads(status.stdout) == {"queues": {"default": {"done": 3}}, "running": [], "estimated": False}
 
     # The commands above ran the wheel's code and SQL, not the checkout's.
     where = run_installed(installed, tmp_path, "-c", "import pgfence, pgfence.store.queries as q; "
