@@ -72,9 +72,10 @@ def test_the_worker_prepares_its_statements_unless_told_not_to(conn, make_worker
     worker = make_worker(retention=None)
     assert worker.run_once() == 1
     statements = prepared(worker)
-    # The claim (with its fence verdicts) and the fenced completion.
+    # The claim (with its fence verdicts) and the fenced completion (which
+    # moves the job to history).
     assert any("FOR UPDATE SKIP LOCKED" in s for s in statements), statements
-    assert any("status = 'done'" in s for s in statements), statements
+    assert any("INSERT INTO pgfence.job_history" in s for s in statements), statements
 
     enqueue(conn, "noop")
     unprepared = make_worker(prepare=False, retention=None)

@@ -659,9 +659,9 @@ def test_renewals_are_hot_updates(conn):
     params = {"ids": [r[0] for r in rows], "attempts": [r[5] for r in rows], "leases": [30.0] * 3}
     # Every version of the three rows fits in their one page, with room to
     # spare: no renewal needs pruning to stay in the page.
-    pages = "SELECT count(DISTINCT (ctid::text::point)[0]) FROM pgfence.all_jobs"
+    pages = "SELECT count(DISTINCT (ctid::text::point)[0]) FROM pgfence.jobs"
     assert scalar(conn, pages) == 1
-    size = scalar(conn, "SELECT max(pg_column_size(j.*)) FROM pgfence.all_jobs j")
+    size = scalar(conn, "SELECT max(pg_column_size(j.*)) FROM pgfence.jobs j")
     assert 3 * (2 + 8) * (size + 28) < 8192 * 0.8, size   # versions: enqueue, claim, 8 renewals
     counts = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relid = 'pgfence.jobs'::regclass"
 
