@@ -378,7 +378,7 @@ def test_podmonitor_scrapes_the_pods_metrics_port():
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] in port_names
 
 
-KEDA_QUERY = ("SELECT count(*) FROM pgfence.all_jobs WHERE queue IN ('default') "
+KEDA_QUERY = ("SELECT count(*) FROM pgfence.jobs WHERE queue IN ('default') "
               "AND (status = 'running' OR (status = 'queued' AND run_at <= now()))")
 
 
