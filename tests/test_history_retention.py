@@ -49,8 +49,8 @@ def where(conn: psycopg.Connection, ids: list[int]) -> set[str]:
 
 
 def remove(conn: psycopg.Connection, day: datetime.date) -> None:
-    assert scalar(conn, "SELECT pgfence.history_partition_detach(%s)", (day_name(day),))
-    assert scalar(conn, "SELECT pgfence.history_partition_drop(%s)", (day_name(day),))
+    assert scalar(conn, "SELECT pgfence.history_partition_remove(%s, false)", (day_name(day),))
+    assert scalar(conn, "SELECT pgfence.history_partition_remove(%s, true)", (day_name(day),))
 
 
 def test_prune_drops_expired_day_partitions_and_keeps_the_others(dsn, conn):
@@ -83,7 +83,7 @@ def test_a_detached_day_left_behind_is_dropped_at_the_next_round(conn):
     old = today(conn) - datetime.timedelta(days=30)
     assert scalar(conn, "SELECT pgfence.history_partition_create(%s)", (old,))
     add_finished(conn, 30, n=5)
-    assert scalar(conn, "SELECT pgfence.history_partition_detach(%s)", (day_name(old),))   # then a crash
+    assert scalar(conn, "SELECT pgfence.history_partition_remove(%s, false)", (day_name(old),))   # then a crash
     assert retention.maintain(conn, 7 * 86400) == retention.Maintained(created=0, dropped=1, deleted=0)
     assert scalar(conn, "SELECT to_regclass(%s)", ("pgfence." + day_name(old),)) is None
 
@@ -167,7 +167,7 @@ def test_dropping_a_partition_while_workers_run_loses_nothing_and_blocks_no_clai
         wait_for(lambda: done(first) == 100, timeout=60, message="the first jobs done")
         with psycopg.connect(dsn) as holder:
             # The detach holds history's ACCESS EXCLUSIVE lock until commit.
-            assert holder.execute("SELECT pgfence.history_partition_detach(%s)", (day_name(old),)).fetchone()[0]
+            assert holder.execute("SELECT pgfence.history_partition_remove(%s, false)", (day_name(old),)).fetchone()[0]
             more = [enqueue(conn, "noop") for _ in range(20)]
             # Claims go on (they read and write pgfence.jobs alone): each of
             # the two workers claims a job, whose completion then waits for
@@ -176,7 +176,7 @@ def test_dropping_a_partition_while_workers_run_loses_nothing_and_blocks_no_clai
                                               WHERE id = ANY(%s) AND status = 'running'""", (more,)) == 2,
                      timeout=30, message="two claims while history is locked")
             holder.commit()
-        assert scalar(conn, "SELECT pgfence.history_partition_drop(%s)", (day_name(old),))
+        assert scalar(conn, "SELECT pgfence.history_partition_remove(%s, true)", (day_name(old),))
         later = [enqueue(conn, "noop") for _ in range(100)]
         every = first + more + later
         wait_for(lambda: done(every) == len(every), timeout=60, message="every job done")

@@ -93,38 +93,31 @@ LANGUAGE sql AS $$
                            (now() AT TIME ZONE 'UTC')::date + p_ahead, interval '1 day') AS d;
 $$;
 
--- Detaches one day's partition (named job_history_YYYYMMDD) from
--- pgfence.job_history, if it is one; true when it did.  DETACH PARTITION
--- CONCURRENTLY is not allowed while a default partition exists, so this is
--- the plain DETACH: it takes an ACCESS EXCLUSIVE lock on pgfence.job_history
--- for a catalog change only, and its caller sets a lock_timeout so that it
--- never waits long in front of completions.  Dropping the detached table
--- (history_partition_drop) is a second transaction, so that removing the
--- files happens without the parent's lock.
-CREATE FUNCTION pgfence.history_partition_detach(p_name text) RETURNS boolean
+-- Retention's two steps for one day's table (job_history_YYYYMMDD): with
+-- p_drop false, detach it from pgfence.job_history if it is attached; with
+-- p_drop true, drop it if it is detached (never a partition still
+-- attached).  True when the step was done.
+--
+-- DETACH PARTITION CONCURRENTLY is not allowed while a default partition
+-- exists, so the detach is the plain one: it takes an ACCESS EXCLUSIVE lock
+-- on pgfence.job_history for a catalog change only, and its caller sets a
+-- lock_timeout so that it never waits long in front of completions.  The
+-- drop is a second transaction, so that removing the files happens without
+-- the parent's lock.
+CREATE FUNCTION pgfence.history_partition_remove(p_name text, p_drop boolean) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
     IF p_name !~ '^job_history_[0-9]{8}$' OR NOT EXISTS (
-           SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-            WHERE i.inhparent = 'pgfence.job_history'::regclass AND c.relname = p_name) THEN
+           SELECT 1 FROM pg_class c
+            WHERE c.relnamespace = 'pgfence'::regnamespace AND c.relname = p_name AND c.relkind = 'r'
+              AND c.relispartition = NOT p_drop) THEN
         RETURN false;
     END IF;
-    EXECUTE format('ALTER TABLE pgfence.job_history DETACH PARTITION pgfence.%I', p_name);
-    RETURN true;
-END;
-$$;
-
--- Drops a detached day's table (never a partition still attached); true
--- when it did.
-CREATE FUNCTION pgfence.history_partition_drop(p_name text) RETURNS boolean
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF p_name !~ '^job_history_[0-9]{8}$' OR NOT EXISTS (
-           SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-            WHERE n.nspname = 'pgfence' AND c.relname = p_name AND NOT c.relispartition) THEN
-        RETURN false;
+    IF p_drop THEN
+        EXECUTE format('DROP TABLE pgfence.%I', p_name);
+    ELSE
+        EXECUTE format('ALTER TABLE pgfence.job_history DETACH PARTITION pgfence.%I', p_name);
     END IF;
-    EXECUTE format('DROP TABLE pgfence.%I', p_name);
     RETURN true;
 END;
 $$;

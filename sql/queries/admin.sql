@@ -146,14 +146,11 @@ SELECT c.relname::text AS name, c.relispartition AS attached
 -- completions that insert into it.
 SELECT set_config('lock_timeout', %(ms)s, true);
 
--- name: history_partition_detach
--- Detach one expired day's partition (see the function in 0009); true when
--- it was attached.
-SELECT pgfence.history_partition_detach(%(name)s);
-
--- name: history_partition_drop
--- Drop one detached day's table; true when it did.
-SELECT pgfence.history_partition_drop(%(name)s);
+-- name: history_partition_remove
+-- Detach one expired day's partition (%(drop)s false), or drop its table
+-- once detached (%(drop)s true); true when the step was done (see the
+-- function in 0009).
+SELECT pgfence.history_partition_remove(%(name)s, %(drop)s);
 
 -- name: queue_gauges
 -- Live jobs per queue and status, and per queue the age in seconds of the

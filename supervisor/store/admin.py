@@ -136,15 +136,10 @@ def history_lock_timeout(conn: psycopg.Connection, ms: int) -> None:
     conn.execute(q("history_lock_timeout"), {"ms": str(ms)})
 
 
-def history_partition_detach(conn: psycopg.Connection, name: str) -> bool:
-    """Detach a day partition from history; whether it was attached."""
-    row = conn.execute(q("history_partition_detach"), {"name": name}).fetchone()
-    return bool(row and row[0])
-
-
-def history_partition_drop(conn: psycopg.Connection, name: str) -> bool:
-    """Drop a detached day table; whether it did."""
-    row = conn.execute(q("history_partition_drop"), {"name": name}).fetchone()
+def history_partition_remove(conn: psycopg.Connection, name: str, *, drop: bool) -> bool:
+    """Detach a day partition from history (``drop`` False), or drop its
+    table once detached (``drop`` True); whether the step was done."""
+    row = conn.execute(q("history_partition_remove"), {"name": name, "drop": drop}).fetchone()
     return bool(row and row[0])
 
 

@@ -69,12 +69,12 @@ def drop_partitions(conn: psycopg.Connection, retention: float) -> int:
                         if not admin.maintenance_try_lock(conn, LOCK_KEY):
                             break
                         admin.history_lock_timeout(conn, LOCK_TIMEOUT_MS)
-                        admin.history_partition_detach(conn, part.name)
+                        admin.history_partition_remove(conn, part.name, drop=False)
                 with conn.transaction():
                     if not admin.maintenance_try_lock(conn, LOCK_KEY):
                         break
                     admin.history_lock_timeout(conn, LOCK_TIMEOUT_MS)
-                    dropped += admin.history_partition_drop(conn, part.name)
+                    dropped += admin.history_partition_remove(conn, part.name, drop=True)
             except psycopg.errors.LockNotAvailable:
                 log.info("history partition %s is busy; it is dropped at the next round", part.name)
                 break
