@@ -14,15 +14,10 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
-import uuid
 from pathlib import Path
 
 
-import psycopg  # noqa: E402
-from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
-
-from pgfence.store import migrate  # noqa: E402
+from scratch import admin_dsn, argv, scratch_database
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -46,38 +41,26 @@ def cpu_seconds(pid: int) -> float:
 
 
 def measure(admin: str, upto: int, kinds_row: bool, rows: int, runs: int) -> dict[str, float]:
-    name = f"pgfence_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        with psycopg.connect(make_conninfo("", **{**conninfo_to_dict(admin), "dbname": name}),
-                             autocommit=True) as conn:
-            conn.execute("CREATE SCHEMA pgfence")
-            for m in migrate.available():
-                if m.version <= upto:
-                    conn.execute(m.sql())
-            if kinds_row:
-                conn.execute("INSERT INTO pgfence.kinds (kind, queue, max_attempts) VALUES ('noop', 'default', 5)")
-            pid = conn.info.backend_pid
-            out = {}
-            for way, sql in WAYS.items():
-                times = []
-                for _ in range(runs):
-                    conn.execute("TRUNCATE pgfence.jobs")
-                    before = cpu_seconds(pid)
-                    conn.execute(sql, {"n": rows})
-                    times.append(cpu_seconds(pid) - before)
-                out[way] = statistics.median(times)
-            return out
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with scratch_database(admin, upto) as conn:
+        if kinds_row:
+            conn.execute("INSERT INTO pgfence.kinds (kind, queue, max_attempts) VALUES ('noop', 'default', 5)")
+        pid = conn.info.backend_pid
+        out = {}
+        for way, sql in WAYS.items():
+            times = []
+            for _ in range(runs):
+                conn.execute("TRUNCATE pgfence.jobs")
+                before = cpu_seconds(pid)
+                conn.execute(sql, {"n": rows})
+                times.append(cpu_seconds(pid) - before)
+            out[way] = statistics.median(times)
+        return out
 
 
 def main() -> None:
-    admin = sys.argv[1] if len(sys.argv) > 1 else "postgresql://postgres@127.0.0.1:5432/postgres"
-    rows = int(sys.argv[2]) if len(sys.argv) > 2 else 100_000
-    runs = int(sys.argv[3]) if len(sys.argv) > 3 else 5
+    admin = admin_dsn()
+    rows = argv(2, 100_000)
+    runs = argv(3, 5)
     columns = {"0005": measure(admin, 5, False, rows, runs),
                "0006, no kinds row": measure(admin, 6, False, rows, runs),
                "0006, kinds row": measure(admin, 6, True, rows, runs)}

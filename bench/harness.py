@@ -376,9 +376,9 @@ class Probe:
 
 PGFENCE_PROBE = Probe(
     left="SELECT EXISTS (SELECT 1 FROM pgfence.jobs WHERE status IN ('queued', 'running'))",
-    started="SELECT EXISTS (SELECT 1 FROM pgfence.jobs WHERE started_at IS NOT NULL)",
+    started="SELECT EXISTS (SELECT 1 FROM pgfence.all_jobs WHERE started_at IS NOT NULL)",
     window="SELECT count(*) FILTER (WHERE status = 'done'), "
-           "extract(epoch FROM max(finished_at) - min(started_at))::float8 FROM pgfence.jobs",
+           "extract(epoch FROM max(finished_at) - min(started_at))::float8 FROM pgfence.all_jobs",
 )
 
 _BACKENDS = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "

@@ -563,7 +563,7 @@ class Bench:
                 if not wait_for(lambda: not conn.execute(PGFENCE_PROBE.left).fetchone()[0], 30):
                     raise RuntimeError("jobs were left unclaimed")
                 ms = sorted(r[0] for r in conn.execute(
-                    "SELECT extract(epoch FROM started_at - created_at)::float8 * 1000 FROM pgfence.jobs"))
+                    "SELECT extract(epoch FROM started_at - created_at)::float8 * 1000 FROM pgfence.all_jobs"))
         finally:
             stop_process(proc, signal.SIGTERM)
         return {"jobs": len(ms), "gap_ms": gap * 1000, "options": " ".join(extra),
@@ -600,7 +600,7 @@ class Bench:
         for dsn in (empty, big):
             self.pgfence.migrate(dsn)
         log(f"claim cost: {a.finished_rows:,} finished rows")
-        execute(big, "INSERT INTO pgfence.jobs (kind, status, attempt, started_at, finished_at, created_at, run_at) "
+        execute(big, "INSERT INTO pgfence.job_history (kind, status, attempt, started_at, finished_at, created_at, run_at) "
                      "SELECT 'noop', 'done', 1, t, t, t, t FROM (SELECT now() - interval '1 day' "
                      f"+ i * interval '1 ms' AS t FROM generate_series(1, {int(a.finished_rows)}) AS i) s")
         claims, warmup = a.claims, 100

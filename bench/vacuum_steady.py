@@ -83,11 +83,12 @@ def one_round(admin_dsn: str, variant: str, index: int, rate: int, seconds: floa
         if reset:
             conn.execute(f"ALTER TABLE pgfence.jobs RESET ({RESET})")
         if prefill:
-            # Finished jobs kept for the retention, as a table in use for
-            # days holds them; vacuumed, as such a table would be.
-            conn.execute("INSERT INTO pgfence.jobs (kind, payload, status, finished_at) "
+            # Finished jobs kept for the retention, as a database in use
+            # for days holds them (in history, since migration 0009);
+            # vacuumed, as such tables would be.
+            conn.execute("INSERT INTO pgfence.job_history (kind, payload, status, finished_at) "
                          "SELECT 'noop', '{}', 'done', now() FROM generate_series(1, %s)", (prefill,))
-            conn.execute("VACUUM ANALYZE pgfence.jobs")
+            conn.execute("VACUUM ANALYZE pgfence.jobs, pgfence.job_history")
     run = subprocess.Popen([sys.executable, "-m", "pgfence", "run", "--dsn", dsn, "--workers", "2", "--batch", "100",
                             "--handlers", "pgfence.handlers.builtin", "--metrics-port", "0", *flags],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

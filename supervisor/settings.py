@@ -285,8 +285,10 @@ class Settings:
     retention: float | None = setting(
         7 * 86400.0, optional_duration, "delete finished jobs older than this",
         doc="finished jobs older than this are deleted by the worker every `prune_interval` (`pgfence prune "
-            "--retention` too); none keeps them")
-    prune_interval: float = setting(60.0, duration, "time between two deletions of old finished jobs")
+            "--retention` too): a day of history (UTC) is dropped whole once it ended this long ago, so a job is "
+            "kept between the retention and a day more; none keeps them")
+    prune_interval: float = setting(60.0, duration, "time between two rounds of history maintenance: the day "
+                                    "partitions of the next days created, old ones dropped")
     handlers: tuple[str, ...] = setting(
         (), name_list, "comma-separated handler modules to import; run and work need one",
         doc="handler modules, imported with the current directory first on `sys.path`; `run` and `work` "

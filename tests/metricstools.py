@@ -122,7 +122,7 @@ class Run:
 
 
 def holder_pid(conn, job_id: int) -> int:
-    locked_by = scalar(conn, "SELECT locked_by FROM pgfence.jobs WHERE id = %s", (job_id,))
+    locked_by = scalar(conn, "SELECT locked_by FROM pgfence.all_jobs WHERE id = %s", (job_id,))
     return int(locked_by.split(":")[1])
 
 
@@ -132,18 +132,18 @@ def reclaim_and_reject(conn) -> int:
     its fenced transaction past its lease, the other worker reclaims, the
     frozen one wakes and its commit is refused.  Returns the job id."""
     job_id = enqueue(conn, "stubborn", {"seconds": 2.5})
-    wait_for(lambda: scalar(conn, "SELECT status FROM pgfence.jobs WHERE id = %s", (job_id,)) == "running")
+    wait_for(lambda: scalar(conn, "SELECT status FROM pgfence.all_jobs WHERE id = %s", (job_id,)) == "running")
     first = holder_pid(conn, job_id)
     # Freeze the holder inside its fenced transaction, after its write.
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
                                   "AND state = 'idle in transaction'",
-                            (f"pgfence worker {scalar(conn, 'SELECT locked_by FROM pgfence.jobs WHERE id = %s', (job_id,))}",)) == 1,
+                            (f"pgfence worker {scalar(conn, 'SELECT locked_by FROM pgfence.all_jobs WHERE id = %s', (job_id,))}",)) == 1,
              message="the holder inside its fenced transaction")
     os.kill(first, signal.SIGSTOP)
     # No renewal for a stopped child: the other one reclaims as attempt 2.
-    wait_for(lambda: scalar(conn, "SELECT attempt FROM pgfence.jobs WHERE id = %s", (job_id,)) == 2, timeout=15)
+    wait_for(lambda: scalar(conn, "SELECT attempt FROM pgfence.all_jobs WHERE id = %s", (job_id,)) == 2, timeout=15)
     os.kill(first, signal.SIGCONT)
-    wait_for(lambda: scalar(conn, "SELECT status FROM pgfence.jobs WHERE id = %s", (job_id,)) == "done", timeout=15)
+    wait_for(lambda: scalar(conn, "SELECT status FROM pgfence.all_jobs WHERE id = %s", (job_id,)) == "done", timeout=15)
     # The late commit is rolled back: once the frozen child is idle again its
     # transaction is gone, and one effect row remains, attempt 2's.
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' "

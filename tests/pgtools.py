@@ -74,7 +74,7 @@ def spawn(*args: str, dsn: str | None = None, env: dict[str, str] | None = None,
 
 
 def job_row(conn: psycopg.Connection, job_id: int) -> dict[str, Any]:
-    cur = conn.execute("SELECT * FROM pgfence.jobs WHERE id = %s", (job_id,))
+    cur = conn.execute("SELECT * FROM pgfence.all_jobs WHERE id = %s", (job_id,))
     names = [c.name for c in cur.description]
     row = cur.fetchone()
     return dict(zip(names, row)) if row else {}
@@ -82,3 +82,17 @@ def job_row(conn: psycopg.Connection, job_id: int) -> dict[str, Any]:
 
 def scalar(conn: psycopg.Connection, sql: str, params: Any = None) -> Any:
     return conn.execute(sql, params).fetchone()[0]
+
+
+def finish(conn: psycopg.Connection, job_id: int, status: str = "done") -> int:
+    """Finish a live job as pgfence's own statements do: move it from
+    pgfence.jobs to pgfence.job_history with ``status``; its id."""
+    return scalar(conn, """
+        WITH moved AS (DELETE FROM pgfence.jobs WHERE id = %(id)s RETURNING *)
+        INSERT INTO pgfence.job_history
+               (id, created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims, priority,
+                putbacks, status, queue, kind, dedupe_key, payload, last_error, last_traceback)
+        SELECT id, created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims, priority,
+               putbacks, %(status)s, queue, kind, dedupe_key, payload, last_error, last_traceback
+          FROM moved
+        RETURNING id""", {"id": job_id, "status": status})

@@ -22,7 +22,7 @@ def test_a_batch_of_noops_is_completed_in_one_fenced_statement(conn, make_worker
     worker = make_worker(batch=10, retention=None)
     assert worker.run_once() == 10
     assert worker.stats.outcomes == {"done": 10}
-    rows = conn.execute("SELECT status, attempt, finished_at FROM pgfence.jobs WHERE id = ANY(%s)", (ids,)).fetchall()
+    rows = conn.execute("SELECT status, attempt, finished_at FROM pgfence.all_jobs WHERE id = ANY(%s)", (ids,)).fetchall()
     assert {(status, attempt) for status, attempt, _ in rows} == {("done", 1)}
     # One statement, one transaction: one now() for all ten.
     assert len({finished for _, _, finished in rows}) == 1
@@ -41,7 +41,7 @@ def test_a_job_taken_over_within_the_batch_is_refused_by_the_fence(dsn, conn, ma
     worker = make_worker(batch=4, retention=None)
     assert worker.run_once() == 4
     assert worker.stats.outcomes == {"done": 3, "lost": 1}
-    assert conn.execute("SELECT id, status, attempt FROM pgfence.jobs ORDER BY id").fetchall() == \
+    assert conn.execute("SELECT id, status, attempt FROM pgfence.all_jobs ORDER BY id").fetchall() == \
         [(i, "done", 1) for i in noops] + [(stolen, "running", 2)]
     assert counter("pgfence_double_run_prevented_total", queue="default", kind="taken_over") == before + 1
 
@@ -56,7 +56,7 @@ def test_without_listen_an_idle_worker_polls_and_never_listens(dsn, conn, make_w
         wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
                                       "'pgfence worker %%' AND state = 'idle'") == 1)
         job_id = enqueue(conn, "noop")
-        wait_for(lambda: scalar(conn, "SELECT status FROM pgfence.jobs WHERE id = %s", (job_id,)) == "done")
+        wait_for(lambda: scalar(conn, "SELECT status FROM pgfence.all_jobs WHERE id = %s", (job_id,)) == "done")
         queries = conn.execute("SELECT query FROM pg_stat_activity WHERE application_name LIKE "
                                "'pgfence worker %%'").fetchall()
         assert all("LISTEN" not in q for (q,) in queries)
@@ -76,15 +76,16 @@ def test_the_worker_prepares_its_statements_unless_told_not_to(conn, make_worker
     worker = make_worker(retention=None)
     assert worker.run_once() == 1
     statements = prepared(worker)
-    # The claim (with its fence verdicts) and the fenced completion.
+    # The claim (with its fence verdicts) and the fenced completion (which
+    # moves the job to history).
     assert any("FOR UPDATE SKIP LOCKED" in s for s in statements), statements
-    assert any("status = 'done'" in s for s in statements), statements
+    assert any("INSERT INTO pgfence.job_history" in s for s in statements), statements
 
     enqueue(conn, "noop")
     unprepared = make_worker(prepare=False, retention=None)
     assert unprepared.run_once() == 1
     assert prepared(unprepared) == []
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'done'") == 2
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE status = 'done'") == 2
 
 
 def histogram(name: str, queue: str, kind: str) -> dict[str, float]:
@@ -147,7 +148,7 @@ def test_a_batch_observes_every_jobs_wait_and_run_time_and_decodes_payloads_on_d
     assert histogram("pgfence_job_duration_seconds", "default", "reads_payload")["_count"] == \
         kind_times["reads_payload"].get("_count", 0) + 1
     assert histogram("pgfence_job_wait_seconds", "default", "noop")["_count"] == waits.get("_count", 0) + 7
-    assert sorted(r[0] for r in conn.execute("SELECT id FROM pgfence.jobs WHERE status = 'done'")) == \
+    assert sorted(r[0] for r in conn.execute("SELECT id FROM pgfence.all_jobs WHERE status = 'done'")) == \
         sorted(noops + [reader])
 
 

@@ -30,7 +30,7 @@ def clock(conn: psycopg.Connection) -> dt.datetime:
 
 def wait_lease_expired(conn: psycopg.Connection, job_id: int) -> None:
     """Until the database clock has passed the job's lease_until."""
-    wait_for(lambda: scalar(conn, "SELECT lease_until < now() FROM pgfence.jobs WHERE id = %s", (job_id,)),
+    wait_for(lambda: scalar(conn, "SELECT lease_until < now() FROM pgfence.all_jobs WHERE id = %s", (job_id,)),
              timeout=10, message=f"lease of job {job_id} to expire")
 
 
@@ -185,7 +185,7 @@ def test_skip_locked_second_claimer_skips_a_row_being_claimed(dsn, conn, make_wo
 def test_concurrent_claimers_never_get_the_same_job(conn, make_worker):
     count, threads = 150, 6
     conn.execute("INSERT INTO pgfence.jobs (kind) SELECT 'noop' FROM generate_series(1, %s)", (count,))
-    ids = [r[0] for r in conn.execute("SELECT id FROM pgfence.jobs ORDER BY id")]
+    ids = [r[0] for r in conn.execute("SELECT id FROM pgfence.all_jobs ORDER BY id")]
     workers = [make_worker(f"c{n}") for n in range(threads)]
     for w in workers:
         w.conn  # connect before the race starts
@@ -212,7 +212,7 @@ def test_concurrent_claimers_never_get_the_same_job(conn, make_worker):
     assert errors == []
     claimed = [i for lst in got.values() for i in lst]
     assert len(claimed) == count and sorted(claimed) == ids
-    rows = conn.execute("SELECT id, status, attempt, locked_by FROM pgfence.jobs ORDER BY id").fetchall()
+    rows = conn.execute("SELECT id, status, attempt, locked_by FROM pgfence.all_jobs ORDER BY id").fetchall()
     owner = {i: name for name, lst in got.items() for i in lst}
     assert rows == [(i, "running", 1, owner[i]) for i in ids]
 
@@ -246,14 +246,15 @@ def test_a_claim_reads_a_batch_not_the_whole_queue(conn):
 
 def test_running_jobs_cost_a_claim_nothing_unless_it_looks_for_expired_leases(conn):
     """500 running jobs (leases valid) sort before the 5 queued ones (and
-    20,000 finished ones make the table big enough for index scans): a claim
+    20,000 queued on another queue make the table big enough for index
+    scans; finished ones no longer live in it): a claim
     without reclaim reads the 5 queued rows alone; with reclaim it also
     walks the running jobs, finds none expired, and claims the same 5."""
     conn.execute("""INSERT INTO pgfence.jobs (kind, status, attempt, run_at, lease_until, locked_by)
                     SELECT 'noop', 'running', 1, now() - interval '1 hour', now() + interval '1 hour', 'busy'
                       FROM generate_series(1, 500)""")
-    conn.execute("""INSERT INTO pgfence.jobs (kind, status, attempt, finished_at)
-                    SELECT 'noop', 'done', 1, now() FROM generate_series(1, 20000)""")
+    conn.execute("""INSERT INTO pgfence.jobs (kind, queue)
+                    SELECT 'noop', 'other' FROM generate_series(1, 20000)""")
     queued = [enqueue(conn, "noop") for _ in range(5)]
     conn.execute("ANALYZE pgfence.jobs")
 
@@ -291,7 +292,7 @@ def test_a_worker_looks_for_expired_leases_at_its_first_claim_then_about_once_a_
     reclaimed = wait_for(worker.claim, timeout=5, interval=0.05, message="a claim that looks for expired leases")
     assert [(j.id, j.attempt) for j in reclaimed] == [(second, 2)]
     assert [tuple(r) for r in conn.execute(
-        "SELECT id, attempt, reclaims, locked_by FROM pgfence.jobs ORDER BY id")] == [
+        "SELECT id, attempt, reclaims, locked_by FROM pgfence.all_jobs ORDER BY id")] == [
         (first, 2, 1, "w1"), (second, 2, 1, "w1")]
 
 

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 import pgfence.handlers.builtin  # noqa: F401 - registers noop & co. before the registry snapshot
-from pgtools import env_for, job_row, pgfence, scalar, spawn, wait_for
+from pgtools import env_for, finish, job_row, pgfence, scalar, spawn, wait_for
 from pgfence import LeaseLost, enqueue, settings as settings_mod
 from pgfence.errors import ConfigError
 from pgfence.renewal.renewer import HeartbeatManager
@@ -71,7 +71,7 @@ def problems_of(case: Case, out: str, err: str, code: int) -> list[str]:
 
 def snapshot(conn: psycopg.Connection) -> dict:
     return {
-        "jobs": conn.execute("SELECT * FROM pgfence.jobs ORDER BY id").fetchall(),
+        "jobs": conn.execute("SELECT * FROM pgfence.all_jobs ORDER BY id").fetchall(),
         "effects": scalar(conn, "SELECT count(*) FROM pgfence_examples.effects"),
         "receipts": scalar(conn, "SELECT count(*) FROM pgfence_examples.receipts"),
     }
@@ -185,7 +185,7 @@ def test_unreachable_or_invalid_dsn_is_one_line_without_the_password(tmp_path):
 
 def add_finished(conn: psycopg.Connection, queue: str, status: str) -> int:
     return scalar(conn, """
-        INSERT INTO pgfence.jobs (kind, queue, status, attempt, started_at, finished_at, last_error)
+        INSERT INTO pgfence.job_history (kind, queue, status, attempt, started_at, finished_at, last_error)
         VALUES ('noop', %s, %s, 1, now(), now(), CASE WHEN %s <> 'done' THEN 'boom' END) RETURNING id""",
                   (queue, status, status))
 
@@ -217,7 +217,7 @@ def test_status_counts_and_running_jobs(dsn, conn, make_worker):
     # `again` is claimed, its lease runs out and another worker reclaims it: attempt 2.
     [lost] = make_worker("w-gone", lease=0.2, queues=("alpha",)).claim()
     assert lost.id == again
-    wait_for(lambda: scalar(conn, "SELECT lease_until < now() FROM pgfence.jobs WHERE id = %s", (again,)),
+    wait_for(lambda: scalar(conn, "SELECT lease_until < now() FROM pgfence.all_jobs WHERE id = %s", (again,)),
              timeout=10, message="the lease to expire")
     claimed_at = time.monotonic()
     jobs = make_worker("w-status", lease=30, queues=("alpha",)).claim(2)
@@ -258,7 +258,8 @@ def test_status_counts_and_running_jobs(dsn, conn, make_worker):
 
 def test_status_of_an_empty_queue(dsn):
     out = pgfence("status", "--json", dsn=dsn)
-    assert (out.returncode, json.loads(out.stdout), out.stderr) == (0, {"queues": {}, "running": []}, "")
+    assert (out.returncode, json.loads(out.stdout), out.stderr) == \
+        (0, {"queues": {}, "running": [], "estimated": False}, "")
 
 
 # -- retry and cancel --------------------------------------------------------------
@@ -266,7 +267,7 @@ def test_status_of_an_empty_queue(dsn):
 
 def test_retry_ids_and_failed(dsn, conn, make_worker):
     failed1 = scalar(conn, """
-        INSERT INTO pgfence.jobs (kind, status, attempt, max_attempts, reclaims, started_at, finished_at, last_error)
+        INSERT INTO pgfence.job_history (kind, status, attempt, max_attempts, reclaims, started_at, finished_at, last_error)
         VALUES ('noop', 'failed', 3, 3, 2, now(), now() - interval '1 minute', 'boom') RETURNING id""")
     failed2 = add_finished(conn, "default", "failed")
     cancelled = add_finished(conn, "default", "cancelled")
@@ -291,7 +292,7 @@ def test_retry_ids_and_failed(dsn, conn, make_worker):
     assert (out.returncode, out.stdout) == (0, f"requeued 1 job(s): {failed2}\n")
     out = pgfence("retry", "--failed", dsn=dsn)
     assert (out.returncode, out.stdout) == (0, "requeued 0 job(s)\n")
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'failed'") == 0
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE status = 'failed'") == 0
 
     # The retried job gets exactly one more attempt.
     jobs = {j.id: j for j in make_worker("w-retry").claim(10)}
@@ -300,7 +301,7 @@ def test_retry_ids_and_failed(dsn, conn, make_worker):
 
 def add_failed_with_key(conn: psycopg.Connection, key: str | None) -> int:
     return scalar(conn, """
-        INSERT INTO pgfence.jobs (kind, status, attempt, started_at, finished_at, last_error, dedupe_key)
+        INSERT INTO pgfence.job_history (kind, status, attempt, started_at, finished_at, last_error, dedupe_key)
         VALUES ('noop', 'failed', 1, now(), now(), 'boom', %s) RETURNING id""", (key,))
 
 
@@ -323,10 +324,10 @@ def test_retry_skips_jobs_whose_dedupe_key_a_live_job_holds_and_requeues_the_oth
     assert out.stderr == (f"pgfence: skipped job {held}: job {live} holds its dedupe key\n"
                           f"pgfence: skipped job {twin_b}: job {twin_a} holds its dedupe key\n")
     assert [job_row(conn, i)["status"] for i in (held, twin_a, twin_b)] == ["failed", "queued", "failed"]
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'queued'") == 3
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE status = 'queued'") == 3
 
     # Once the holder is done, the skipped job goes back.
-    conn.execute("UPDATE pgfence.jobs SET status = 'done', finished_at = now() WHERE id = %s", (live,))
+    finish(conn, live)
     out = pgfence("retry", str(held), dsn=dsn)
     assert (out.returncode, out.stdout, out.stderr) == (0, f"requeued 1 job(s): {held}\n", "")
 
@@ -454,7 +455,7 @@ def test_enqueue_reads_a_large_payload_from_a_file_or_stdin(dsn, conn, tmp_path)
     out = pgfence("enqueue", "noop", "--payload", "-", dsn=dsn, input=text)
     assert (out.returncode, out.stderr) == (0, "")
     assert job_row(conn, int(out.stdout))["payload"] == payload
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs") == 2
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs") == 2
 
 
 def test_enqueue_payload_usage_errors_are_one_line_and_write_nothing(dsn, conn, tmp_path):
@@ -477,7 +478,7 @@ def test_enqueue_payload_usage_errors_are_one_line_and_write_nothing(dsn, conn, 
     out = pgfence("enqueue", "noop", "--payload", '"\\\\u0000"', dsn=dsn)
     assert out.returncode == 0, out.stderr
     assert job_row(conn, int(out.stdout))["payload"] == "\\u0000"
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs") == 1
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs") == 1
 
 
 # -- the DSN password in ps and in usage errors -------------------------------------

@@ -74,12 +74,12 @@ def enqueue_many(conn, kind: str, n: int, payload: str = "{}") -> list[int]:
 
 def rows(conn, ids: list[int]) -> list[tuple]:
     """(id, status, attempt, reclaims, locked_by) of the jobs, by id."""
-    return conn.execute("SELECT id, status, attempt, reclaims, locked_by FROM pgfence.jobs WHERE id = ANY(%s)"
+    return conn.execute("SELECT id, status, attempt, reclaims, locked_by FROM pgfence.all_jobs WHERE id = ANY(%s)"
                         " ORDER BY id", (ids,)).fetchall()
 
 
 def done(conn, ids: list[int]) -> bool:
-    return scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE id = ANY(%s) AND status = 'done'", (ids,)) == len(ids)
+    return scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE id = ANY(%s) AND status = 'done'", (ids,)) == len(ids)
 
 
 def effects(conn) -> list[tuple[int, int, int]]:
@@ -91,7 +91,7 @@ def effects(conn) -> list[tuple[int, int, int]]:
 def largest_claim(conn) -> int:
     """The most jobs one claim statement took: jobs claimed together share
     their child and their started_at (the statement's now())."""
-    return scalar(conn, "SELECT max(n) FROM (SELECT count(*) AS n FROM pgfence.jobs j"
+    return scalar(conn, "SELECT max(n) FROM (SELECT count(*) AS n FROM pgfence.all_jobs j"
                         " JOIN pgfence_examples.effects e ON e.job_id = j.id AND e.attempt = j.attempt"
                         " GROUP BY e.worker, j.started_at) c")
 
@@ -99,7 +99,7 @@ def largest_claim(conn) -> int:
 def running_by(conn) -> dict[int, int]:
     """pid of the child -> jobs it holds (running)."""
     return {pid_of(w): n for w, n in conn.execute(
-        "SELECT locked_by, count(*)::int FROM pgfence.jobs WHERE status = 'running' GROUP BY 1")}
+        "SELECT locked_by, count(*)::int FROM pgfence.all_jobs WHERE status = 'running' GROUP BY 1")}
 
 
 def held_by(conn, ids: list[int], pid: int) -> bool:
@@ -165,16 +165,16 @@ def test_thousands_of_jobs_run_exactly_once_with_one_renewal_statement_per_round
         parsed = scrape(port)
         seen["leases"] = max(seen["leases"], total(parsed, "pgfence_heartbeat_leases"))
         seen["in_flight"] = max(seen["in_flight"], total(parsed, "pgfence_jobs_in_flight"))
-        return scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'done'") == n
+        return scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE status = 'done'") == n
 
     poll(sup, finished, 60, f"all {n} jobs done", interval=0.25)
     children = set(sup.workers())
     log = stop(sup)
     elapsed = time.monotonic() - began
 
-    retried = conn.execute("SELECT attempt, reclaims, last_error, count(*)::int FROM pgfence.jobs WHERE attempt > 1"
+    retried = conn.execute("SELECT attempt, reclaims, last_error, count(*)::int FROM pgfence.all_jobs WHERE attempt > 1"
                            " GROUP BY 1, 2, 3").fetchall()
-    assert conn.execute("SELECT status, attempt, reclaims, count(*)::int FROM pgfence.jobs GROUP BY 1, 2, 3"
+    assert conn.execute("SELECT status, attempt, reclaims, count(*)::int FROM pgfence.all_jobs GROUP BY 1, 2, 3"
                         ).fetchall() == [("done", 1, 0, n)], (retried, problems(log))
     made = effects(conn)
     assert [(j, a) for j, a, _p in made] == [(i, 1) for i in ids]
@@ -422,7 +422,7 @@ def test_claims_take_no_more_than_the_free_threads(dsn, conn, supervisors, handl
         return sorted(held.values()) == [4, 4]
 
     sup.wait(eight_running, 20, "eight jobs running, four in each child")
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE id = ANY(%s) AND status = 'queued'", (ids,)) == 4
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE id = ANY(%s) AND status = 'queued'", (ids,)) == 4
 
     # A child retitles itself and sets its gauges as it hands each claimed
     # job to a thread, just after its claim commits.
@@ -488,9 +488,9 @@ def test_async_jobs_queueing_for_the_loops_connections_are_not_failed_as_an_outa
     sup = supervisors(workers=1, async_concurrency=200, lease=LEASE, handlers=ASYNC)
     sup.wait_workers(1)
     ids = enqueue_many(conn, "c_async_slow_write", 200, '{"seconds": 0.2}')
-    sup.wait(lambda: scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE id = ANY(%s) AND (status = 'done'"
+    sup.wait(lambda: scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE id = ANY(%s) AND (status = 'done'"
                                   " OR last_error IS NOT NULL)", (ids,)) == len(ids), 60, "the 200 jobs ended")
-    errors = conn.execute("SELECT last_error, count(*)::int FROM pgfence.jobs WHERE last_error IS NOT NULL"
+    errors = conn.execute("SELECT last_error, count(*)::int FROM pgfence.all_jobs WHERE last_error IS NOT NULL"
                           " GROUP BY 1").fetchall()
     assert errors == [], errors
     sup.wait(lambda: done(conn, ids), 30, "the 200 jobs done")
@@ -521,7 +521,7 @@ def test_an_async_only_child_claims_completes_and_wakes_on_its_loop(dsn, conn, s
     ids = enqueue_many(conn, "c_async_wait", 600, '{"seconds": 0.02}')
     sup.wait(lambda: done(conn, ids), 60, "the 600 jobs done")
     assert rows(conn, ids) == [(i, "done", 1, 0, None) for i in ids]
-    completions = scalar(conn, "SELECT count(DISTINCT finished_at) FROM pgfence.jobs WHERE id = ANY(%s)", (ids,))
+    completions = scalar(conn, "SELECT count(DISTINCT finished_at) FROM pgfence.all_jobs WHERE id = ANY(%s)", (ids,))
     assert completions < len(ids), completions
     sup.wait(lambda: showing(sup, p, 0), 10, "the child idle")
     [late] = enqueue_many(conn, "c_async_wait", 1)
@@ -604,7 +604,7 @@ def test_short_jobs_that_write_nothing_never_overfill_the_childs_lease_table(dsn
     sup = supervisors(workers=1, threads=8, lease=LEASE, handlers=SYNC)
     sup.wait(lambda: done(conn, ids), 90, f"all {n} jobs done")
     log = stop(sup)
-    assert conn.execute("SELECT status, attempt, reclaims, count(*)::int FROM pgfence.jobs GROUP BY 1, 2, 3"
+    assert conn.execute("SELECT status, attempt, reclaims, count(*)::int FROM pgfence.all_jobs GROUP BY 1, 2, 3"
                         ).fetchall() == [("done", 1, 0, n)], problems(log)
     assert "crashed" not in log, log
     started, restarts, _rounds, _statements = final_stats(log)

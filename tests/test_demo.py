@@ -44,7 +44,7 @@ def test_demo_tells_the_story(dsn, conn):
         "SELECT job_id, array_agg(attempt ORDER BY attempt) FROM pgfence_examples.receipts GROUP BY job_id")}
     assert receipts == {job["1"]: [1, 2], job["2"]: [1], job["3"]: [2]}
     states = {job_id: (status, attempt) for job_id, status, attempt in conn.execute(
-        "SELECT id, status, attempt FROM pgfence.jobs")}
+        "SELECT id, status, attempt FROM pgfence.all_jobs")}
     assert states == {job["1"]: ("done", 2), job["2"]: ("done", 1), job["3"]: ("done", 2)}
     # Each act's job has its own idempotency key, shared by all its attempts.
     keys = dict(conn.execute("SELECT job_id, count(DISTINCT idempotency_key) FROM pgfence_examples.receipts GROUP BY job_id"))
@@ -58,4 +58,4 @@ def test_demo_refuses_a_render_that_fits_the_lease(dsn, conn):
     assert out.stderr.strip().splitlines() == [
         "pgfence: error: invalid --render: the job must render at least a second longer than the lease "
         "(3s) for the double run to happen, got 3s"]
-    assert conn.execute("SELECT count(*) FROM pgfence.jobs").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM pgfence.all_jobs").fetchone()[0] == 0

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pgtools import finish
 from pgfence import enqueue
 from pgfence.cli import main as cli
 from pgfence import settings as settings_mod
@@ -418,7 +419,7 @@ def test_keda_query_counts_running_and_due_jobs_of_the_queues(conn):
     enqueue(conn, "noop", {}, delay=3600)                        # not due yet
     enqueue(conn, "noop", {}, queue="mail")                      # another queue
     done = enqueue(conn, "noop", {})
-    conn.execute("UPDATE pgfence.jobs SET status = 'done', finished_at = now() WHERE id = %s", (done,))
+    finish(conn, done)
     query = load_yaml("keda-scaledobject.yaml")["spec"]["triggers"][0]["metadata"]["query"]
     [(count,)] = conn.execute(query).fetchall()
     assert count == 3

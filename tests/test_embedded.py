@@ -130,12 +130,12 @@ def test_one_server_per_user_from_any_folder_and_embedded_status_stop(user_home)
     # From another folder: the same server, the same job.
     listed = run(env, second, "status", "--json")
     assert listed.returncode == 0, listed.stderr
-    assert json.loads(listed.stdout) == {"queues": {"default": {"queued": 1}}, "running": []}
+    assert json.loads(listed.stdout) == {"queues": {"default": {"queued": 1}}, "running": [], "estimated": False}
     assert listed.stderr.splitlines() == [f"pgfence: using the embedded PostgreSQL in {pgdata}"]
     worked = run(env, second, "work", "--burst", "--retention", "none", "--log-level", "WARNING")
     assert worked.returncode == 0, worked.stderr
     listed = run(env, first, "status", "--json")
-    assert json.loads(listed.stdout) == {"queues": {"default": {"done": 1}}, "running": []}
+    assert json.loads(listed.stdout) == {"queues": {"default": {"done": 1}}, "running": [], "estimated": False}
     assert int(run(env, first, "enqueue", "noop").stdout) == job_id + 1
 
     [pid] = postmasters(pgdata)

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 import pgfence.handlers.builtin  # noqa: F401 - registers noop & co. before the registry snapshot
-from pgtools import job_row, pgfence, scalar, wait_for
+from pgtools import finish, job_row, pgfence, scalar, wait_for
 from pgfence import ConfigError, enqueue, handler
 from pgfence.job import idempotency_key
 
@@ -18,7 +18,7 @@ UTC = dt.timezone.utc
 
 
 def count_jobs(conn: psycopg.Connection) -> int:
-    return scalar(conn, "SELECT count(*) FROM pgfence.jobs")
+    return scalar(conn, "SELECT count(*) FROM pgfence.all_jobs")
 
 
 def test_dedupe_key_returns_the_live_job_then_a_new_one_after_it_finished(conn, make_worker):
@@ -43,12 +43,12 @@ def test_dedupe_key_returns_the_live_job_then_a_new_one_after_it_finished(conn, 
     assert second not in (first, other_kind)
     assert enqueue(conn, "noop", dedupe_key="order-7") == second
 
-    conn.execute("UPDATE pgfence.jobs SET status = 'cancelled', finished_at = now() WHERE id = %s", (second,))
+    finish(conn, second, "cancelled")
     third = enqueue(conn, "noop", dedupe_key="order-7")
     assert third not in (first, second, other_kind)
     assert count_jobs(conn) == 4
     assert [r[0] for r in conn.execute(
-        "SELECT status FROM pgfence.jobs WHERE kind = 'noop' AND dedupe_key = 'order-7' ORDER BY id")] == \
+        "SELECT status FROM pgfence.all_jobs WHERE kind = 'noop' AND dedupe_key = 'order-7' ORDER BY id")] == \
         ["done", "cancelled", "queued"]
 
 
@@ -83,7 +83,7 @@ def test_idempotency_key_comes_from_the_id_never_the_attempt(conn, make_worker):
     plain = enqueue(conn, "noop")
     worker = make_worker("w-key", lease=0.2)
     [one] = worker.claim()
-    wait_for(lambda: scalar(conn, "SELECT lease_until < now() FROM pgfence.jobs WHERE id = %s", (plain,)),
+    wait_for(lambda: scalar(conn, "SELECT lease_until < now() FROM pgfence.all_jobs WHERE id = %s", (plain,)),
              timeout=10, message="the lease to expire")
     [two] = worker.claim()
     assert (one.id, one.attempt, two.id, two.attempt) == (plain, 1, plain, 2)
@@ -112,7 +112,7 @@ def test_enqueue_rolls_back_with_the_callers_transaction(dsn, conn):
             with conn.transaction():
                 conn.execute("INSERT INTO public.orders VALUES (1)")
                 job_id = enqueue(conn, "noop", {"order": 1}, queue="q_rolled_back")
-                assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE id = %s", (job_id,)) == 1
+                assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE id = %s", (job_id,)) == 1
                 assert count_jobs(other) == 0            # not visible before commit
                 raise RuntimeError("payment declined")
         assert count_jobs(conn) == 0
@@ -121,7 +121,7 @@ def test_enqueue_rolls_back_with_the_callers_transaction(dsn, conn):
         with conn.transaction():
             conn.execute("INSERT INTO public.orders VALUES (2)")
             kept = enqueue(conn, "noop", {"order": 2}, queue="q_committed")
-        assert [r[0] for r in conn.execute("SELECT id FROM pgfence.jobs")] == [kept]
+        assert [r[0] for r in conn.execute("SELECT id FROM pgfence.all_jobs")] == [kept]
         assert scalar(conn, "SELECT count(*) FROM public.orders") == 1
         # The rolled-back enqueue never notified; the first wake-up is the commit's.
         notes = list(listener.notifies(timeout=10, stop_after=1))

@@ -100,13 +100,13 @@ def failed_rows(conn):
         ("fail", "default", "payload rejected: no email", None, 100),
     ]:
         ids.append(scalar(conn, """
-            INSERT INTO pgfence.jobs (kind, queue, status, attempt, putbacks, max_attempts, started_at, finished_at,
-                                      created_at, last_error, last_traceback)
+            INSERT INTO pgfence.job_history (kind, queue, status, attempt, putbacks, max_attempts, started_at,
+                                             finished_at, created_at, last_error, last_traceback)
             VALUES (%s, %s, 'failed', 3, 1, 5, now(), timestamptz '2026-12-01 12:00:00+00' - make_interval(secs => %s),
                     timestamptz '2026-12-01 11:00:00+00', %s, %s)
             RETURNING id""", (kind, queue, age, error, tb)))
     enqueue(conn, "noop")
-    conn.execute("INSERT INTO pgfence.jobs (kind, status, finished_at, last_error) "
+    conn.execute("INSERT INTO pgfence.job_history (kind, status, finished_at, last_error) "
                  "VALUES ('noop', 'cancelled', now(), 'cancelled by an operator')")
     return ids
 
@@ -163,13 +163,31 @@ def test_pgfence_failed_with_none_and_bad_limit(dsn):
 
 
 def test_failed_jobs_listing_reads_the_failed_index(conn):
-    conn.execute("""INSERT INTO pgfence.jobs (kind, status, finished_at)
-                    SELECT 'noop', 'done', now() - make_interval(secs => g) FROM generate_series(1, 20000) g""")
+    # 40,000 finished jobs, a tenth of them failed: half in today's
+    # partition, half in the default one (10 days old, a day with none).
+    conn.execute("""INSERT INTO pgfence.job_history (kind, status, finished_at)
+                    SELECT 'noop', CASE WHEN g % 10 = 0 THEN 'failed' ELSE 'done' END,
+                           now() - make_interval(secs => g % 3600) - (g % 2) * interval '10 days'
+                      FROM generate_series(1, 40000) g""")
     failed_rows(conn)
-    conn.execute("ANALYZE pgfence.jobs")
+    conn.execute("ANALYZE pgfence.job_history")
     from pgfence.store.queries import q
 
     plan = conn.execute("EXPLAIN (FORMAT JSON) " + q("failed_jobs"),
                         {"limit": 20, "queue": None, "kind": None}).fetchone()[0][0]["Plan"]
     text = json.dumps(plan)
-    assert '"Index Name": "jobs_failed_idx"' in text and '"Node Type": "Sort"' not in text, text
+    # The partitions that hold jobs are read through their copies of
+    # job_history_failed_idx and merged in order: nothing is sorted, and
+    # neither holder is read whole (the empty days ahead cost nothing).
+    scans = {n["Relation Name"]: (n["Node Type"], n.get("Index Name")) for n in plan_nodes(plan)
+             if "Relation Name" in n}
+    today = conn.execute("SELECT 'job_history_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')").fetchone()[0]
+    for holder in (today, "job_history_default"):
+        assert scans[holder] == ("Index Scan", f"{holder}_finished_at_id_idx"), text
+    assert '"Node Type": "Sort"' not in text, text
+
+
+def plan_nodes(node: dict):
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)

@@ -362,7 +362,7 @@ def test_fence_compares_the_token_not_the_clock(dsn, conn, pipeline):
     job_id = enqueue(conn, kind, {}, queue=queue)
     assert claim(conn, "owner", queue=queue, lease=30.0) == [(job_id, 1, "queued")]
     expire(conn, job_id)
-    assert scalar(conn, "SELECT lease_until < now() FROM pgfence.jobs WHERE id = %s", (job_id,)) is True
+    assert scalar(conn, "SELECT lease_until < now() FROM pgfence.all_jobs WHERE id = %s", (job_id,)) is True
     prevented = sample("pgfence_double_run_prevented_total", queue=queue, kind=kind)
     with psycopg.connect(dsn, autocommit=True) as c:
         job = Job(job_id, kind, queue, 1, {}, Lease(job_id, 1, 30.0, queue, kind, deadline=time.monotonic() + 30),
@@ -531,7 +531,8 @@ def test_pipelined_block_commits_writes_and_completion_in_one_round_trip(dsn, co
     assert effects(conn) == [(job.id, 1, "attempt-1"), (job.id, 1, "attempt-1")]
     xids = conn.execute("SELECT DISTINCT xmin::text FROM pgfence_examples.effects").fetchall()
     assert len(xids) == 1
-    assert scalar(conn, "SELECT xmin::text FROM pgfence.jobs WHERE id = %s", (job.id,)) == xids[0][0]
+    # The completion moved the job to history in the block's transaction.
+    assert scalar(conn, "SELECT xmin::text FROM pgfence.job_history WHERE id = %s", (job.id,)) == xids[0][0]
     row = job_row(conn, job.id)
     assert (row["status"], row["attempt"], row["locked_by"], row["lease_until"]) == ("done", 1, None, None)
 
@@ -688,7 +689,7 @@ def test_fenced_writes_send_the_block_and_the_completion_as_one_message(dsn, con
     assert effects(conn) == [(job.id, 1, "attempt-1")]
     xids = {r[0] for r in conn.execute("SELECT xmin::text FROM writes_seen UNION ALL "
                                        "SELECT xmin::text FROM pgfence_examples.effects UNION ALL "
-                                       "SELECT xmin::text FROM pgfence.jobs WHERE id = %s", (job.id,))}
+                                       "SELECT xmin::text FROM pgfence.job_history WHERE id = %s", (job.id,))}
     assert len(xids) == 1
     row = job_row(conn, job.id)
     assert (row["status"], row["attempt"], row["locked_by"]) == ("done", 1, None)

@@ -180,7 +180,7 @@ def test_worker_with_a_trailing_comment_commits_every_job(dsn, conn, make_worker
     stats = worker.run(burst=True)
     assert stats.outcomes == {"done": 3}
     assert conn.execute("SELECT job_id FROM fw_rows ORDER BY job_id").fetchall() == [(i,) for i in ids]
-    assert conn.execute("SELECT id, status, attempt FROM pgfence.jobs ORDER BY id").fetchall() == \
+    assert conn.execute("SELECT id, status, attempt FROM pgfence.all_jobs ORDER BY id").fetchall() == \
         [(i, "done", 1) for i in ids]
     assert scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                         "AND state = 'idle in transaction'") == 0

@@ -124,7 +124,7 @@ def test_an_async_generator_handler_module_stops_run_and_work_with_one_line(dsn,
     assert results == [("", ASYNC_REFUSED, 2)] * 3
     # Nothing was written: no kind registered, no job.
     assert scalar(conn, "SELECT count(*) FROM pgfence.kinds") == 0
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs") == 0
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs") == 0
 
 
 def test_a_handler_that_returns_an_awaitable_fails_its_job_instead_of_completing_it(conn, make_worker):

@@ -53,7 +53,7 @@ def expire(conn, job_id: int) -> None:
 
 
 def lease_until(conn, job_id: int):
-    return scalar(conn, "SELECT lease_until FROM pgfence.jobs WHERE id = %s", (job_id,))
+    return scalar(conn, "SELECT lease_until FROM pgfence.all_jobs WHERE id = %s", (job_id,))
 
 
 def lost_total(queue: str, kind: str, reason: str) -> float:
@@ -154,7 +154,7 @@ def test_many_leases_are_renewed_by_one_statement_per_round(dsn, conn, managers)
     assert (result.sent, result.renewed, result.lost, result.error) == (25, 25, {}, None)
     rows = conn.execute(
         "SELECT id, lease_until, lease_until - make_interval(secs => 40 + (row_number() OVER (ORDER BY id) - 1))"
-        "  FROM pgfence.jobs WHERE queue = %s ORDER BY id", (queue,)).fetchall()
+        "  FROM pgfence.all_jobs WHERE queue = %s ORDER BY id", (queue,)).fetchall()
     assert [r[0] for r in rows] == ids
     assert all(r[1] > before[r[0]] for r in rows)
     renewed_at = {r[2] for r in rows}
@@ -168,7 +168,7 @@ def test_many_leases_are_renewed_by_one_statement_per_round(dsn, conn, managers)
     assert (second.sent, second.renewed) == (25, 25)
     again = {r[0] for r in conn.execute(
         "SELECT lease_until - make_interval(secs => 40 + (row_number() OVER (ORDER BY id) - 1))"
-        "  FROM pgfence.jobs WHERE queue = %s", (queue,))}
+        "  FROM pgfence.all_jobs WHERE queue = %s", (queue,))}
     assert len(again) == 1 and again.pop() > renewed_at.pop()
 
 

@@ -74,9 +74,9 @@ def test_a_run_records_its_kinds_and_sql_producers_get_the_handlers_queue_and_li
 
         # The worker serving `mail` runs them all, once each.
         ids = [by_function, by_nulls, by_insert]
-        wait_for(lambda: scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'done'") == 3,
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE status = 'done'") == 3,
                  timeout=30, message="the three jobs done")
-        assert conn.execute("SELECT id, status, attempt FROM pgfence.jobs ORDER BY id").fetchall() == \
+        assert conn.execute("SELECT id, status, attempt FROM pgfence.all_jobs ORDER BY id").fetchall() == \
             [(i, "done", 1) for i in ids]
         assert conn.execute("SELECT job_id, attempt FROM pgfence_examples.effects ORDER BY job_id").fetchall() == \
             [(i, 1) for i in ids]
@@ -167,4 +167,4 @@ def test_cli_enqueue_finds_handlers_in_the_environment_the_config_file_and_the_d
     assert work.returncode == 0, work.stderr
     assert kind_rows(conn) == [("t_cfg", "cfgq", 3, 0, None, None)]
     assert enqueue_cli() == ("cfgq", 3, 0)
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs") == 5
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs") == 5

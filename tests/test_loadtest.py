@@ -104,19 +104,19 @@ def test_every_fault_against_a_database_it_does_not_own_passes_the_audit(backend
     proc, report = loadtest("--seed", "12", *FAULTY_RUN, dsn=dsn)
     assert_faulty_run_passed(proc, report, restart=False)
     queue = report["queue"]
-    rows = conn.execute("SELECT kind, status, count(*) FROM pgfence.jobs WHERE queue = %s GROUP BY kind, status "
+    rows = conn.execute("SELECT kind, status, count(*) FROM pgfence.all_jobs WHERE queue = %s GROUP BY kind, status "
                         "ORDER BY kind, status", (queue,)).fetchall()
     assert rows == [("effect", "done", 15), ("fail", "failed", 15), ("noop", "done", 60),
                     ("send_receipt", "done", 15), ("sleep", "done", 45)]
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE queue <> %s", (queue,)) == 0
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE queue <> %s", (queue,)) == 0
     for table in ("effects", "receipts"):
-        per_job = conn.execute(f"SELECT t.job_id, count(*) FROM pgfence_examples.{table} t JOIN pgfence.jobs j "
+        per_job = conn.execute(f"SELECT t.job_id, count(*) FROM pgfence_examples.{table} t JOIN pgfence.all_jobs j "
                                f"ON j.id = t.job_id WHERE j.queue = %s GROUP BY t.job_id", (queue,)).fetchall()
         assert len(per_job) == 15 and {n for _job, n in per_job} == {1}
     assert report["database"]["reclaims"] == scalar(
-        conn, "SELECT sum(reclaims) FROM pgfence.jobs WHERE queue = %s", (queue,))
+        conn, "SELECT sum(reclaims) FROM pgfence.all_jobs WHERE queue = %s", (queue,))
     assert report["database"]["attempts"] == scalar(
-        conn, "SELECT sum(attempt) FROM pgfence.jobs WHERE queue = %s", (queue,))
+        conn, "SELECT sum(attempt) FROM pgfence.all_jobs WHERE queue = %s", (queue,))
     # Everything it started is gone: no worker or heartbeat connection left.
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                                   "AND application_name LIKE 'pgfence %%'") == 0,
@@ -214,7 +214,7 @@ def test_without_the_fence_the_audit_names_the_effects_committed_twice(backend, 
     assert effects["passed"] is False
     rows = conn.execute(
         "SELECT t.job_id, array_agg(t.id ORDER BY t.id), array_agg(t.attempt ORDER BY t.id), "
-        "array_agg(t.worker ORDER BY t.id) FROM pgfence_examples.effects t JOIN pgfence.jobs j ON j.id = t.job_id "
+        "array_agg(t.worker ORDER BY t.id) FROM pgfence_examples.effects t JOIN pgfence.all_jobs j ON j.id = t.job_id "
         "WHERE j.queue = %s GROUP BY t.job_id HAVING count(*) > 1 ORDER BY t.job_id", (report["queue"],)).fetchall()
     assert rows, "the unprotected run committed no effect twice"
     assert effects["duplicates"] == [{"job": job, "rows": ids, "attempts": attempts, "workers": workers}
@@ -257,7 +257,7 @@ def test_ctrl_c_stops_everything_it_started(backend, dsn, conn):
                  "--supervisors", "2", "--workers", "2", "--faults", "stop", "--fault-interval", "1", "--json",
                  dsn=dsn)
     try:
-        wait_for(lambda: scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'running'") == 4,
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE status = 'running'") == 4,
                  timeout=40, message="four running jobs")
         started = _descendants(proc.pid)
         titles = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in started if _alive(pid)}
@@ -275,9 +275,9 @@ def test_ctrl_c_stops_everything_it_started(backend, dsn, conn):
     assert out == ""
     assert [pid for pid in started if _alive(pid)] == []
     # The supervisors were stopped first, then the jobs left were cancelled.
-    states = dict(conn.execute("SELECT status, count(*) FROM pgfence.jobs GROUP BY status").fetchall())
+    states = dict(conn.execute("SELECT status, count(*) FROM pgfence.all_jobs GROUP BY status").fetchall())
     assert set(states) <= {"done", "cancelled"} and sum(states.values()) == 40, states
-    queue = scalar(conn, "SELECT DISTINCT queue FROM pgfence.jobs")
+    queue = scalar(conn, "SELECT DISTINCT queue FROM pgfence.all_jobs")
     assert err.strip().splitlines()[-2:] == [
         f"pgfence loadtest: cancelled {states['cancelled']} job(s) left in queue {queue}", "pgfence: interrupted"]
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
@@ -467,7 +467,7 @@ def assert_effects_once(conn, queue: str, per_kind: int) -> None:
     """Each effect and async_effect job done, with exactly one effect row
     committed by the attempt that completed it."""
     rows = conn.execute(
-        "SELECT j.kind, j.id, j.attempt, count(t.id), min(t.attempt) FROM pgfence.jobs j "
+        "SELECT j.kind, j.id, j.attempt, count(t.id), min(t.attempt) FROM pgfence.all_jobs j "
         "LEFT JOIN pgfence_examples.effects t ON t.job_id = j.id WHERE j.queue = %s "
         "AND j.kind IN ('effect', 'async_effect') GROUP BY j.kind, j.id, j.attempt", (queue,)).fetchall()
     assert sorted({kind for kind, *_ in rows}) == ["async_effect", "effect"]
@@ -476,7 +476,7 @@ def assert_effects_once(conn, queue: str, per_kind: int) -> None:
         assert len(mine) == per_kind, kind
         assert [r for r in mine if r[3] != 1 or r[4] != r[2]] == [], kind
     # No effect row of the run's jobs but theirs.
-    assert scalar(conn, "SELECT count(*) FROM pgfence_examples.effects t JOIN pgfence.jobs j ON j.id = t.job_id "
+    assert scalar(conn, "SELECT count(*) FROM pgfence_examples.effects t JOIN pgfence.all_jobs j ON j.id = t.job_id "
                         "WHERE j.queue = %s", (queue,)) == 2 * per_kind
 
 
@@ -507,7 +507,7 @@ def test_a_fault_free_run_with_threads_and_async_jobs_hands_nothing_over(backend
     assert checks["no deadlocks"]["deadlocks"] == 0
     queue = report["queue"]
     assert_effects_once(conn, queue, 45)
-    rows = conn.execute("SELECT kind, status, count(*) FROM pgfence.jobs WHERE queue = %s GROUP BY kind, status "
+    rows = conn.execute("SELECT kind, status, count(*) FROM pgfence.all_jobs WHERE queue = %s GROUP BY kind, status "
                         "ORDER BY kind, status", (queue,)).fetchall()
     assert rows == [("async_effect", "done", 45), ("async_sleep", "done", 60), ("effect", "done", 45),
                     ("fail", "failed", 30), ("noop", "done", 60), ("sleep", "done", 60)]

@@ -217,7 +217,7 @@ def test_a_serialization_failure_is_a_transaction_conflict(dsn, conn):
     with psycopg.connect(dsn) as one, psycopg.connect(dsn) as two:
         for c in (one, two):
             c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            c.execute("SELECT count(*) FROM pgfence.jobs")
+            c.execute("SELECT count(*) FROM pgfence.all_jobs")
         one.execute("UPDATE pgfence.jobs SET priority = 1")
         done = Background(two, lambda c: c.execute("UPDATE pgfence.jobs SET priority = 2"))
         wait_for(lambda: waiting_on_lock(conn, two.info.backend_pid), timeout=10, message="two waits for one")

@@ -13,7 +13,7 @@ from pgfence.store import migrate
 
 EXPECTED_MIGRATIONS = [(1, "jobs"), (2, "handler_tables"), (3, "jobs_fillfactor"), (4, "complete_fenced"),
                        (5, "claim_indexes"), (6, "kinds"), (7, "putbacks_tracebacks"),
-                       (8, "names"), (10, "jobs_autovacuum")]
+                       (8, "names"), (9, "job_history"), (10, "jobs_autovacuum")]
 
 
 def schema_dump(conn: psycopg.Connection, *, with_applied_at: bool = True) -> dict:
@@ -162,15 +162,19 @@ def test_jobs_table_has_the_declared_columns(conn):
 
 
 def test_status_check_constraint_enforced(conn):
-    for status in ("queued", "running", "done", "failed", "cancelled"):
+    for status in ("queued", "running"):
         conn.execute("INSERT INTO pgfence.jobs (kind, status, lease_until) VALUES ('noop', %s, now())", (status,))
-    with pytest.raises(psycopg.errors.CheckViolation, match="jobs_status_check"):
+    with pytest.raises(psycopg.errors.CheckViolation, match="jobs_(live|status)_check"):
         conn.execute("INSERT INTO pgfence.jobs (kind, status) VALUES ('noop', 'paused')")
+    # Finished jobs live in pgfence.job_history alone.
+    for status in ("done", "failed", "cancelled"):
+        with pytest.raises(psycopg.errors.CheckViolation, match="jobs_live_check"):
+            conn.execute("INSERT INTO pgfence.jobs (kind, status) VALUES ('noop', %s)", (status,))
     with pytest.raises(psycopg.errors.CheckViolation, match="jobs_running_lease_check"):
         conn.execute("INSERT INTO pgfence.jobs (kind, status) VALUES ('noop', 'running')")
     with pytest.raises(psycopg.errors.GeneratedAlways):
         conn.execute("INSERT INTO pgfence.jobs (id, kind) VALUES (12345, 'noop')")
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs") == 5
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs") == 2
 
 
 def test_jobs_table_autovacuum_options(dsn):

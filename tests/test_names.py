@@ -12,6 +12,7 @@ import pgfence.handlers.builtin  # noqa: F401 - registers noop before the regist
 from pgtools import pgfence, scalar
 from pgfence import enqueue, handler, names, settings as settings_mod
 from pgfence.errors import ConfigError
+from pgfence.store import jobs as jobs_store
 from pgfence.settings import Settings
 
 BAD = [" padded", "padded ", "a,b", "", "x" * 129, "it's", "ω", "-dash", "a b", "tab\t", "new\nline"]
@@ -65,9 +66,9 @@ def test_python_enqueue_refuses_bad_names_and_writes_nothing(conn):
             enqueue(conn, "noop", queue=name)
         with pytest.raises(ConfigError, match=r"^invalid kind name "):
             enqueue(conn, name)
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs") == 0
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs") == 0
     job_id = enqueue(conn, "noop", queue="billing:eu-1")
-    assert scalar(conn, "SELECT queue FROM pgfence.jobs WHERE id = %s", (job_id,)) == "billing:eu-1"
+    assert scalar(conn, "SELECT queue FROM pgfence.all_jobs WHERE id = %s", (job_id,)) == "billing:eu-1"
 
 
 @pytest.mark.parametrize("column", ["queue", "kind"])
@@ -78,7 +79,7 @@ def test_the_sql_function_and_plain_inserts_refuse_bad_names(conn, column):
             conn.execute("SELECT pgfence.enqueue(%s, '{}', %s)", args)
         with pytest.raises(psycopg.errors.CheckViolation, match=rf"^invalid {column} name "):
             conn.execute("INSERT INTO pgfence.jobs (kind, queue) VALUES (%s, %s)", args)
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs") == 0
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs") == 0
     # A kind's queue from pgfence.kinds is checked once the trigger filled it in.
     conn.execute("INSERT INTO pgfence.kinds (kind, queue) VALUES ('odd', ' padded')")
     with pytest.raises(psycopg.errors.CheckViolation, match=r"^invalid queue name ' padded'"):
@@ -87,7 +88,7 @@ def test_the_sql_function_and_plain_inserts_refuse_bad_names(conn, column):
     job_id = scalar(conn, "SELECT pgfence.enqueue('noop', '{}', 'a.b')")
     with pytest.raises(psycopg.errors.CheckViolation):
         conn.execute("UPDATE pgfence.jobs SET queue = 'a,b' WHERE id = %s", (job_id,))
-    assert scalar(conn, "SELECT queue FROM pgfence.jobs WHERE id = %s", (job_id,)) == "a.b"
+    assert scalar(conn, "SELECT queue FROM pgfence.all_jobs WHERE id = %s", (job_id,)) == "a.b"
 
 
 def test_rows_from_before_the_rule_can_still_be_claimed_and_finished(conn):
@@ -99,9 +100,9 @@ def test_rows_from_before_the_rule_can_still_be_claimed_and_finished(conn):
     conn.execute("ALTER TABLE pgfence.jobs ENABLE TRIGGER jobs_names_valid")
     conn.execute("UPDATE pgfence.jobs SET status = 'running', attempt = attempt + 1, started_at = now(), "
                  "lease_until = now() + interval '30 s', locked_by = 'w' WHERE id = %s", (job_id,))
-    conn.execute("UPDATE pgfence.jobs SET status = 'done', finished_at = now(), lease_until = NULL "
-                 "WHERE id = %s", (job_id,))
-    assert conn.execute("SELECT queue, status FROM pgfence.jobs WHERE id = %s", (job_id,)).fetchone() == ("ω", "done")
+    # The completion moves it to history, which checks no names.
+    assert jobs_store.complete(conn, job_id, 1)
+    assert conn.execute("SELECT queue, status FROM pgfence.all_jobs WHERE id = %s", (job_id,)).fetchone() == ("ω", "done")
 
 
 # -- the command line ------------------------------------------------------------
@@ -123,4 +124,4 @@ def test_cli_enqueue_and_work_refuse_bad_names_with_one_line(dsn, conn):
         assert out.stdout == ""
         assert out.stderr.startswith("pgfence: error: ") and out.stderr.count("\n") == 1, (args, out.stderr)
         assert fragment in out.stderr, (args, out.stderr)
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs") == 0
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs") == 0

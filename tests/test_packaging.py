@@ -105,7 +105,7 @@ def test_installed_wheel_migrates_reports_and_works_outside_the_repository(insta
 
     status = run_installed(installed, tmp_path, "-m", "pgfence", "status", "--json", dsn=empty_dsn)
     assert status.returncode == 0, status.stderr
-    assert json.loads(status.stdout) == {"queues": {}, "running": []}
+    assert json.loads(status.stdout) == {"queues": {}, "running": [], "estimated": False}
 
     ids = []
     for n in range(3):
@@ -122,7 +122,7 @@ def test_installed_wheel_migrates_reports_and_works_outside_the_repository(insta
 
     status = run_installed(installed, tmp_path, "-m", "pgfence", "status", "--json", dsn=empty_dsn)
     assert status.returncode == 0, status.stderr
-    assert json.loads(status.stdout) == {"queues": {"default": {"done": 3}}, "running": []}
+    assert json.loads(status.stdout) == {"queues": {"default": {"done": 3}}, "running": [], "estimated": False}
 
     # The commands above ran the wheel's code and SQL, not the checkout's.
     where = run_installed(installed, tmp_path, "-c", "import pgfence, pgfence.store.queries as q; "
@@ -205,10 +205,10 @@ def test_pgfence_and_supervisord_install_side_by_side(wheel, dsn, conn, tmp_path
                                  "--handlers", "pgfence.handlers.builtin"],
                                 cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: scalar(conn, "SELECT status FROM pgfence.jobs WHERE id = %s", (job_id,)) == "done"
+        wait_for(lambda: scalar(conn, "SELECT status FROM pgfence.all_jobs WHERE id = %s", (job_id,)) == "done"
                  or proc.poll() is not None, timeout=60, message="the noop job done")
         assert proc.poll() is None, log.read_text()
-        assert scalar(conn, "SELECT status FROM pgfence.jobs WHERE id = %s", (job_id,)) == "done"
+        assert scalar(conn, "SELECT status FROM pgfence.all_jobs WHERE id = %s", (job_id,)) == "done"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log.read_text()
     finally:

@@ -69,7 +69,7 @@ def test_a_child_that_keeps_crashing_is_respawned_with_a_growing_delay(dsn, conn
         run.wait(timeout=60)
     assert run.returncode == 0
     # The jobs were released at each crash (reclaims counted), never lost.
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'queued' AND reclaims >= 1") >= 1
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE status = 'queued' AND reclaims >= 1") >= 1
 
 
 def test_storable_text_and_the_crash_backoff_without_a_database():

@@ -69,7 +69,7 @@ def _pool_backends(conn: psycopg.Connection, worker: ConcurrentWorker) -> list[i
 def _round(conn: psycopg.Connection, kinds: tuple[str, str]) -> list[int]:
     """Enqueue a round of both kinds; wait until none is queued or running."""
     ids = [enqueue(conn, kinds[i % 2]) for i in range(ROUND)]
-    wait_for(lambda: conn.execute("SELECT count(*) FROM pgfence.jobs WHERE id = ANY(%s)"
+    wait_for(lambda: conn.execute("SELECT count(*) FROM pgfence.all_jobs WHERE id = ANY(%s)"
                                   " AND status IN ('done', 'failed', 'cancelled')", (ids,)).fetchone()[0] == ROUND,
              timeout=30, message="the round's jobs finished")
     return ids
@@ -92,7 +92,7 @@ def test_a_pool_connection_that_died_idle_costs_no_job_an_attempt(dsn, conn, sid
         wait_for(lambda: not conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)",
                                           (idle,)).fetchone(), timeout=10, message="the pool's sessions gone")
         ids = _round(conn, kinds)
-        rows = conn.execute("SELECT status, attempt, last_error FROM pgfence.jobs WHERE id = ANY(%s)"
+        rows = conn.execute("SELECT status, attempt, last_error FROM pgfence.all_jobs WHERE id = ANY(%s)"
                             " ORDER BY id", (ids,)).fetchall()
         assert rows == [("done", 1, None)] * ROUND
         # The second round wrote on new connections: the dead ones are gone.

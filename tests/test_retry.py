@@ -21,7 +21,7 @@ def clock(conn: psycopg.Connection) -> dt.datetime:
 
 
 def wait_lease_expired(conn: psycopg.Connection, job_id: int) -> None:
-    wait_for(lambda: scalar(conn, "SELECT lease_until < now() FROM pgfence.jobs WHERE id = %s", (job_id,)),
+    wait_for(lambda: scalar(conn, "SELECT lease_until < now() FROM pgfence.all_jobs WHERE id = %s", (job_id,)),
              timeout=10, message=f"lease of job {job_id} to expire")
 
 

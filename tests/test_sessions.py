@@ -50,7 +50,7 @@ def test_a_frozen_worker_inside_a_transaction_frees_its_row_locks(dsn, conn):
         os.kill(proc.pid, signal.SIGSTOP)
         wait_for(lambda: row_lockable(dsn, job_id), timeout=15, message="the frozen worker's row lock freed")
         assert scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)) == 0
-        assert scalar(conn, "SELECT status FROM pgfence.jobs WHERE id = %s", (job_id,)) == "running"
+        assert scalar(conn, "SELECT status FROM pgfence.all_jobs WHERE id = %s", (job_id,)) == "running"
     finally:
         os.kill(proc.pid, signal.SIGCONT)
         proc.kill()
@@ -103,4 +103,4 @@ def test_a_busy_worker_keeps_a_bounded_notification_backlog(dsn, conn, make_work
         backlog.append(len(worker._conn._notifies_backlog or ()))
     assert worker.stats.outcomes == {"done": rounds}
     assert max(backlog) <= per_round, backlog
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE queue = 'other'") == rounds * per_round
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE queue = 'other'") == rounds * per_round

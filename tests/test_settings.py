@@ -140,7 +140,7 @@ def test_a_worker_without_handler_modules_is_one_line_and_exit_2(dsn, conn, comm
     assert NO_HANDLERS == ("no handler modules: name them with --handlers myapp.jobs "
                            "(or PGFENCE_HANDLERS, or handlers = [...] in the settings file)")
     # Nothing was claimed nor recorded.
-    assert conn.execute("SELECT status, attempt FROM pgfence.jobs").fetchall() == [("queued", 0)]
+    assert conn.execute("SELECT status, attempt FROM pgfence.all_jobs").fetchall() == [("queued", 0)]
     assert scalar(conn, "SELECT count(*) FROM pgfence.kinds") == 0
 
 
@@ -151,13 +151,13 @@ def test_enqueue_without_handler_modules_checks_the_kinds_workers_registered(dsn
     assert (out.returncode, out.stdout) == (2, "")
     assert out.stderr == ("pgfence: error: unknown job kind 'noop' (known: none); no worker has registered "
                           "it either (--any-kind enqueues it anyway)\n")
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs") == 0
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs") == 0
 
     work = run_pgfence("work", "--burst", "--handlers", "pgfence.handlers.builtin", env=env)
     assert work.returncode == 0, work.stderr
     out = run_pgfence("enqueue", "noop", env=env)
     assert (out.returncode, out.stderr) == (0, "")
-    assert conn.execute("SELECT id, kind, status FROM pgfence.jobs").fetchall() == [(int(out.stdout), "noop",
+    assert conn.execute("SELECT id, kind, status FROM pgfence.all_jobs").fetchall() == [(int(out.stdout), "noop",
                                                                                      "queued")]
 
 
@@ -165,9 +165,12 @@ def test_enqueue_without_handler_modules_checks_the_kinds_workers_registered(dsn
 
 
 def _tables(conn: psycopg.Connection) -> list[tuple[str, str]]:
+    """The tables, partitioned ones included but not their partitions (the
+    days of pgfence.job_history: tests/test_history_retention.py)."""
     return conn.execute("""
         SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+         WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+           AND n.nspname NOT IN ('pg_catalog', 'information_schema')
            AND n.nspname NOT LIKE 'pg_toast%' ORDER BY 1, 2""").fetchall()
 
 
@@ -175,15 +178,17 @@ def test_a_fresh_migrate_creates_pgfence_tables_only_and_the_examples_create_the
     out = run_pgfence("migrate", dsn=empty_dsn)
     assert out.returncode == 0, out.stderr
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert _tables(conn) == [("pgfence", "jobs"), ("pgfence", "kinds"), ("pgfence", "migrations")]
+        assert _tables(conn) == [("pgfence", "job_history"), ("pgfence", "jobs"), ("pgfence", "kinds"),
+                                 ("pgfence", "migrations")]
         assert scalar(conn, "SELECT count(*) FROM pg_namespace WHERE nspname = 'pgfence_examples'") == 0
         # 0002 is recorded (its file stays, empty) so that versions have no gap.
         assert conn.execute("SELECT name FROM pgfence.migrations WHERE version = 2").fetchall() == \
             [("handler_tables",)]
         for _ in range(2):                                   # idempotent
             tables.create_tables(conn)
-        assert _tables(conn) == [("pgfence", "jobs"), ("pgfence", "kinds"), ("pgfence", "migrations"),
-                                 ("pgfence_examples", "effects"), ("pgfence_examples", "receipts")]
+        assert _tables(conn) == [("pgfence", "job_history"), ("pgfence", "jobs"), ("pgfence", "kinds"),
+                                 ("pgfence", "migrations"), ("pgfence_examples", "effects"),
+                                 ("pgfence_examples", "receipts")]
         assert migrate.pending(conn) == []
 
 

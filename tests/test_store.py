@@ -264,7 +264,7 @@ def test_every_named_query_is_issued_by_the_store_layer() -> None:
 
 def retry_window(conn: psycopg.Connection, job_id: int) -> float:
     """Seconds from now until the job's run_at, by the database clock."""
-    return scalar(conn, "SELECT extract(epoch FROM run_at - clock_timestamp())::float8 FROM pgfence.jobs "
+    return scalar(conn, "SELECT extract(epoch FROM run_at - clock_timestamp())::float8 FROM pgfence.all_jobs "
                         "WHERE id = %s", (job_id,))
 
 

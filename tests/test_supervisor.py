@@ -216,12 +216,12 @@ def listening_workers(conn) -> int:
 
 
 def counts(conn) -> list[tuple]:
-    return conn.execute("SELECT status, attempt, reclaims, count(*) FROM pgfence.jobs"
+    return conn.execute("SELECT status, attempt, reclaims, count(*) FROM pgfence.all_jobs"
                         " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3").fetchall()
 
 
 def done_count(conn) -> int:
-    return scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'done'")
+    return scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE status = 'done'")
 
 
 def password_dsn(dsn: str, password: str) -> str:
@@ -364,7 +364,7 @@ def test_idle_workers_pick_up_a_new_job_at_once_not_at_the_poll_interval(dsn, co
         job_id = scalar(conn, "SELECT pgfence.enqueue('noop')")
         wait_for(lambda: job_row(conn, job_id)["status"] == "done", timeout=5, message=f"job {job_id} done")
         waits.append(scalar(conn, "SELECT extract(epoch FROM started_at - created_at)::float8"
-                                  " FROM pgfence.jobs WHERE id = %s", (job_id,)))
+                                  " FROM pgfence.all_jobs WHERE id = %s", (job_id,)))
     assert max(waits) < 0.5, waits
     assert counts(conn) == [("done", 1, 0, 10)]
     assert run.stop() == 0

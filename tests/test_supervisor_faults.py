@@ -289,14 +289,14 @@ def session_state(conn, pid: int) -> str | None:
     """State of the database session of the child ``pid`` (its
     application_name is ``pgfence worker host:pid:wN``, maybe truncated)."""
     rows = conn.execute(
-        "SELECT a.state FROM pg_stat_activity a JOIN pgfence.jobs j"
+        "SELECT a.state FROM pg_stat_activity a JOIN pgfence.all_jobs j"
         "  ON a.application_name = left('pgfence worker ' || j.locked_by, 63)"
         " WHERE a.datname = current_database() AND j.locked_by LIKE %s", (f"%:{pid}:w%",)).fetchall()
     return rows[0][0] if len(rows) == 1 else None
 
 
 def counts(conn) -> dict[str, int]:
-    return dict(conn.execute("SELECT status, count(*)::int FROM pgfence.jobs GROUP BY status").fetchall())
+    return dict(conn.execute("SELECT status, count(*)::int FROM pgfence.all_jobs GROUP BY status").fetchall())
 
 
 def worker_number(name: str) -> int:
@@ -432,7 +432,7 @@ def test_sigkilled_child_job_is_released_at_once_and_completed_by_another(dsn, c
     attempt, p = sup.wait(lambda: holder(conn, job_id), 20, "the first claim")
     assert attempt == 1 and p in before
     lease_left = scalar(conn, "SELECT extract(epoch FROM lease_until - clock_timestamp())::float8"
-                              " FROM pgfence.jobs WHERE id = %s", (job_id,))
+                              " FROM pgfence.all_jobs WHERE id = %s", (job_id,))
     assert lease_left > 25
     # The claim commits before the child publishes it in its slot; kill it
     # once it shows the job in its title (set after the slot is written), so
@@ -477,7 +477,7 @@ def test_killed_heartbeat_manager_is_restarted_and_no_live_lease_runs_out(dsn, c
     holders = sup.wait(lambda: all(h := [holder(conn, i) for i in ids]) and h, 20, "both jobs running")
     assert [a for a, _ in holders] == [1, 1] and len({p for _, p in holders}) == 2
     # Both have run longer than one lease (renewed meanwhile).
-    sup.wait(lambda: scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'running'"
+    sup.wait(lambda: scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE status = 'running'"
                                   " AND clock_timestamp() - started_at > interval '2.3 seconds'") == 2,
              10, "both jobs past their first lease")
     old = sup.heartbeat()
@@ -487,7 +487,7 @@ def test_killed_heartbeat_manager_is_restarted_and_no_live_lease_runs_out(dsn, c
     expired: list = []
 
     def new_heartbeat() -> int | None:
-        expired.extend(conn.execute("SELECT id FROM pgfence.jobs WHERE status = 'running'"
+        expired.extend(conn.execute("SELECT id FROM pgfence.all_jobs WHERE status = 'running'"
                                     " AND lease_until < clock_timestamp()").fetchall())
         pid = sup.heartbeat()
         return pid if pid not in (None, old) else None
@@ -497,7 +497,7 @@ def test_killed_heartbeat_manager_is_restarted_and_no_live_lease_runs_out(dsn, c
     assert title(new).startswith("pgfence heartbeat [")
 
     def all_done() -> bool:
-        expired.extend(conn.execute("SELECT id FROM pgfence.jobs WHERE status = 'running'"
+        expired.extend(conn.execute("SELECT id FROM pgfence.all_jobs WHERE status = 'running'"
                                     " AND lease_until < clock_timestamp()").fetchall())
         return all(job_row(conn, i)["status"] == "done" for i in ids)
 
@@ -532,7 +532,7 @@ def test_sigterm_lets_running_jobs_finish_and_claims_nothing_new(dsn, conn, supe
     assert [summary(conn, i) for i in running] == [("done", 1, 0, None)] * 2
     assert summary(conn, waiting) == ("queued", 0, 0, None)
     assert sorted(j for j, _, _ in effects(conn)) == sorted(running)
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'running'") == 0
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE status = 'running'") == 0
     assert not any(sup.alive(p) for p in children)
     assert "SIGTERM: draining 2 workers" in sup.log()
 
@@ -664,7 +664,7 @@ def test_sighup_swaps_the_children_without_losing_or_doubling_a_job(dsn, conn, s
     long_id = enqueue(conn, "effect", {"seconds": 4})
     _, long_pid = sup.wait(lambda: holder(conn, long_id), 20, "the long job running")
     sup.wait(lambda: scalar(conn, "SELECT clock_timestamp() - started_at > interval '1.8 seconds'"
-                                  " FROM pgfence.jobs WHERE id = %s", (long_id,)), 10, "the long job past its first lease")
+                                  " FROM pgfence.all_jobs WHERE id = %s", (long_id,)), 10, "the long job past its first lease")
     ids = [enqueue(conn, "effect", {"seconds": 0.05}) for _ in range(50)]
     sup.wait(lambda: counts(conn).get("done", 0) >= 5, 20, "the stream flowing")
     sup.signal(signal.SIGHUP)
@@ -680,7 +680,7 @@ def test_sighup_swaps_the_children_without_losing_or_doubling_a_job(dsn, conn, s
     sup.wait(lambda: counts(conn) == {"done": 101}, 30, "all 101 jobs done")
     assert not any(sup.alive(p) for p in old)
 
-    rows = conn.execute("SELECT id, status, attempt, reclaims FROM pgfence.jobs ORDER BY id").fetchall()
+    rows = conn.execute("SELECT id, status, attempt, reclaims FROM pgfence.all_jobs ORDER BY id").fetchall()
     assert rows == [(i, "done", 1, 0) for i in sorted([long_id, *ids])]
     done = effects(conn)
     assert sorted((j, a) for j, a, _ in done) == [(i, 1) for i in sorted([long_id, *ids])]
@@ -757,7 +757,7 @@ def test_timed_out_stubborn_handler_is_killed_and_reported_as_an_error(dsn, conn
         "queued", 1, 0, None, error)
     # The heartbeat process reported it with the settings' backoff, not a
     # fixed second (measured just after the report, a poll's time late).
-    window = scalar(conn, "SELECT extract(epoch FROM run_at - clock_timestamp())::float8 FROM pgfence.jobs "
+    window = scalar(conn, "SELECT extract(epoch FROM run_at - clock_timestamp())::float8 FROM pgfence.all_jobs "
                           "WHERE id = %s", (retried,))
     assert 1.2 <= window <= 4.0, window
     sup.wait(lambda: not any(sup.alive(p) for p in pids), 5, "both children killed")

@@ -43,7 +43,7 @@ def test_jobs_waiting_behind_others_in_a_batch_do_not_time_out(conn, make_worker
     claimed_before = time.monotonic()
     assert worker.run(burst=True).outcomes == {"done": 4}
     assert max(started.values()) - claimed_before >= TIMEOUT   # the last one did wait past the timeout
-    assert conn.execute("SELECT id, status, attempt, last_error FROM pgfence.jobs ORDER BY id").fetchall() == \
+    assert conn.execute("SELECT id, status, attempt, last_error FROM pgfence.all_jobs ORDER BY id").fetchall() == \
         [(i, "done", 1, None) for i in ids]
 
 
@@ -59,7 +59,7 @@ def test_a_handler_running_past_its_timeout_still_times_out(conn, make_worker):
     job_id = enqueue(conn, "t_over", queue="to")
     worker = make_worker(queues=("to",), lease=30, retention=None)
     assert worker.run(burst=True).outcomes == {"failed": 1}
-    assert conn.execute("SELECT status, attempt, last_error FROM pgfence.jobs WHERE id = %s",
+    assert conn.execute("SELECT status, attempt, last_error FROM pgfence.all_jobs WHERE id = %s",
                         (job_id,)).fetchone() == ("failed", 1, "timed out after 0.3s")
 
 
@@ -111,7 +111,7 @@ def test_the_slot_publishes_the_claims_send_time_and_the_handlers_start(dsn, con
     finally:
         process.manager.stop()
         worker.close()
-    assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'done'") == 1
+    assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE status = 'done'") == 1
 
 
 BATCH_MODULE = "pgfence_batch_timeout_handlers"
@@ -138,9 +138,9 @@ def test_under_pgfence_run_the_heartbeat_and_the_arbiter_count_from_the_handlers
     (tmp_path / f"{BATCH_MODULE}.py").write_text(BATCH_SOURCE)
     ids = [enqueue(conn, "t_batched") for _ in range(4)]
     sup = supervisors(workers=1, batch=4, lost_lease_kill_after=0.5, handlers=BATCH_MODULE)
-    sup.wait(lambda: scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status <> 'running' "
+    sup.wait(lambda: scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE status <> 'running' "
                                   "AND (status = 'done' OR last_error IS NOT NULL)") == 4, 20, "four jobs ended")
-    assert conn.execute("SELECT id, status, attempt, reclaims, last_error FROM pgfence.jobs ORDER BY id").fetchall() \
+    assert conn.execute("SELECT id, status, attempt, reclaims, last_error FROM pgfence.all_jobs ORDER BY id").fetchall() \
         == [(i, "done", 1, 0, None) for i in ids]
     log = sup.log()
     assert "killing it" not in log and "timed out" not in log, log

@@ -17,7 +17,7 @@ from pgfence.worker.loop import DONE, FAILED, LOST, PUT_BACK
 
 
 def rows(conn, kind: str) -> list[tuple]:
-    return conn.execute("SELECT id, status, attempt, putbacks, max_attempts, last_error FROM pgfence.jobs"
+    return conn.execute("SELECT id, status, attempt, putbacks, max_attempts, last_error FROM pgfence.all_jobs"
                         " WHERE kind = %s ORDER BY id", (kind,)).fetchall()
 
 
@@ -29,7 +29,7 @@ def test_rolling_deploy_old_worker_puts_back_new_worker_runs_every_job(dsn, conn
     # release is up.
     ids = [scalar(conn, "SELECT pgfence.enqueue('new_kind', '{}', p_max_attempts => 2)") for _ in range(6)]
     known = scalar(conn, "SELECT pgfence.enqueue('noop')")
-    wait_for(lambda: scalar(conn, "SELECT min(putbacks) FROM pgfence.jobs WHERE kind = 'new_kind'") >= 3,
+    wait_for(lambda: scalar(conn, "SELECT min(putbacks) FROM pgfence.all_jobs WHERE kind = 'new_kind'") >= 3,
              timeout=20, message="the old worker to put every new_kind job back three times")
     assert job_row(conn, known)["status"] == "done"     # the old worker works on
     assert {status for _id, status, *_ in rows(conn, "new_kind")} <= {"queued", "running"}
@@ -47,8 +47,8 @@ def test_rolling_deploy_old_worker_puts_back_new_worker_runs_every_job(dsn, conn
                 for i, status, attempt, putbacks, max_attempts, error in final] == \
             [(i, "done", 1, 2, None) for i in ids]
         assert all(putbacks >= 3 for _i, _s, _a, putbacks, _m, _e in final)
-        assert scalar(conn, "SELECT count(*) FROM pgfence.jobs WHERE status = 'failed'") == 0
-        assert scalar(conn, "SELECT array_agg(DISTINCT locked_by) FROM pgfence.jobs") == [None]
+        assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE status = 'failed'") == 0
+        assert scalar(conn, "SELECT array_agg(DISTINCT locked_by) FROM pgfence.all_jobs") == [None]
         # Every put-back was the old worker's and is counted, by queue and kind.
         putbacks = sum(r[3] for r in final)
         assert total(old.scrape(), "pgfence_unknown_kind_total", queue="default", kind="new_kind") == putbacks
@@ -108,7 +108,7 @@ def test_put_back_is_fenced(conn, make_worker):
     job_id = scalar(conn, "SELECT pgfence.enqueue('later_kind')")
     stale = make_worker("w-stale", lease=0.2)
     [job] = stale.claim()
-    wait_for(lambda: scalar(conn, "SELECT lease_until < now() FROM pgfence.jobs WHERE id = %s", (job_id,)),
+    wait_for(lambda: scalar(conn, "SELECT lease_until < now() FROM pgfence.all_jobs WHERE id = %s", (job_id,)),
              timeout=10, message="the lease to run out")
     # Another worker reclaims it (attempt 2); the stale attempt's put-back
     # must not hand the new owner's job back.

@@ -29,14 +29,17 @@ RETURNING id, kind, payload
 """
 CLAIM_ONE = _CLAIM.format(op="=")
 CLAIM_MANY = _CLAIM.format(op="IN")
-COMPLETE_ONE = """
-UPDATE pgfence.jobs SET status = 'done', finished_at = now(), locked_by = NULL, lease_until = NULL
- WHERE id = %(id)s
+# A finished job leaves pgfence.jobs for pgfence.job_history (migration
+# 0009): the completion moves it, by id alone.
+_COMPLETE = """
+WITH moved AS (
+    DELETE FROM pgfence.jobs WHERE id {cond}
+    RETURNING id, now(), created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims,
+              priority, putbacks, 'done', queue, kind, dedupe_key, payload, last_error, last_traceback)
+INSERT INTO pgfence.job_history SELECT * FROM moved
 """
-COMPLETE_MANY = """
-UPDATE pgfence.jobs SET status = 'done', finished_at = now(), locked_by = NULL, lease_until = NULL
- WHERE id = ANY(%(ids)s::bigint[])
-"""
+COMPLETE_ONE = _COMPLETE.format(cond="= %(id)s")
+COMPLETE_MANY = _COMPLETE.format(cond="= ANY(%(ids)s::bigint[])")
 
 
 def main(dsn: str, batch: int) -> None:

@@ -1,7 +1,7 @@
 -- name: demo_job
 -- One job's state as the demo reports it.
 SELECT status, attempt, locked_by
-  FROM pgfence.jobs
+  FROM pgfence.all_jobs
  WHERE id = %(id)s;
 
 -- name: demo_receipts

@@ -23,10 +23,10 @@ UPDATE pgfence.jobs j
 RETURNING j.id, j.attempt;
 
 -- name: renew_verdicts
--- Why some leases were not renewed: their jobs' current status and attempt
--- (sent only in a round that lost some).
+-- Why some leases were not renewed: their jobs' current status and attempt,
+-- live or finished (sent only in a round that lost some).
 SELECT id, status, attempt
-  FROM pgfence.jobs
+  FROM pgfence.all_jobs
  WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: renewal_settings

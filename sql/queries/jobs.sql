@@ -3,7 +3,9 @@
 -- come and, when %(reclaim)s, running jobs whose lease has expired
 -- (reclaims), highest priority first, then oldest run_at, then id.  Every
 -- claim bumps attempt, the fencing token.  A reclaim on the final attempt,
--- or past max_reclaims, turns the job failed instead of running it again.
+-- or past max_reclaims, turns the job failed instead of running it again,
+-- and moves it to pgfence.job_history in the same statement
+-- (pgfence.fail_claimed, migration 0009).
 -- prev_status tells reclaims apart.  The attempts spent are attempt -
 -- putbacks: a put-back (put_back_unknown) is a claim that ran nothing.
 -- The verdict is computed from the row versions that FOR UPDATE locked, never
@@ -63,33 +65,50 @@ WITH candidates AS (
                    format('quarantined: lost its worker %%s times (max_reclaims %%s)', new_reclaims, max_reclaims)
            END AS verdict
       FROM candidates
-)
-UPDATE pgfence.jobs j
-   SET status      = CASE WHEN d.verdict IS NULL THEN 'running' ELSE 'failed' END,
-       attempt     = CASE WHEN d.verdict IS NULL THEN j.attempt + 1 ELSE j.attempt END,
-       reclaims    = d.new_reclaims,
-       locked_by   = CASE WHEN d.verdict IS NULL THEN %(worker)s END,
-       lease_until = CASE WHEN d.verdict IS NULL THEN
-                         now() + make_interval(secs => coalesce(
+), failed AS (
+    -- A verdict ends the job: it leaves for history in this statement,
+    -- through a function that touches history only when there is one.
+    SELECT f.*, d.prev_status
+      FROM pgfence.fail_claimed(
+               ARRAY(SELECT id FROM decided WHERE verdict IS NOT NULL ORDER BY id),
+               ARRAY(SELECT new_reclaims FROM decided WHERE verdict IS NOT NULL ORDER BY id),
+               ARRAY(SELECT verdict FROM decided WHERE verdict IS NOT NULL ORDER BY id)) AS f
+      JOIN decided d ON d.id = f.id
+), claimed AS (
+    UPDATE pgfence.jobs j
+       SET status      = 'running',
+           attempt     = j.attempt + 1,
+           reclaims    = d.new_reclaims,
+           locked_by   = %(worker)s,
+           lease_until = now() + make_interval(secs => coalesce(
                              (SELECT l.lease FROM unnest(%(lease_kinds)s::text[], %(lease_secs)s::float8[]) AS l(kind, lease)
                                WHERE l.kind = j.kind LIMIT 1),
-                             %(lease)s::float8))
-                     END,
-       started_at  = CASE WHEN d.verdict IS NULL THEN now() ELSE j.started_at END,
-       finished_at = CASE WHEN d.verdict IS NULL THEN NULL ELSE now() END,
-       last_error  = coalesce(d.verdict, j.last_error)
-  FROM decided d
- WHERE j.id = d.id
-RETURNING j.id, j.queue, j.kind, j.payload::text, j.status, j.attempt, j.max_attempts,
-          j.reclaims, j.max_reclaims, j.priority, j.dedupe_key, j.created_at,
-          j.run_at, j.last_error, d.prev_status;
+                             %(lease)s::float8)),
+           started_at  = now(),
+           finished_at = NULL
+      FROM decided d
+     WHERE j.id = d.id AND d.verdict IS NULL
+    RETURNING j.id, j.queue, j.kind, j.payload::text AS payload, j.status, j.attempt, j.max_attempts,
+              j.reclaims, j.max_reclaims, j.priority, j.dedupe_key, j.created_at, j.run_at, j.last_error,
+              d.prev_status
+)
+SELECT * FROM claimed
+UNION ALL
+SELECT id, queue, kind, payload::text, status, attempt, max_attempts, reclaims, max_reclaims, priority,
+       dedupe_key, created_at, run_at, last_error, prev_status
+  FROM failed;
 
 -- name: complete
--- Fenced completion: marks the job done only while this attempt still owns
--- it.  Zero rows means the lease was lost and the caller must roll back.
-UPDATE pgfence.jobs
-   SET status = 'done', finished_at = now(), locked_by = NULL, lease_until = NULL
- WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+-- Fenced completion: moves the job to history as done only while this
+-- attempt still owns it.  Zero rows means the lease was lost and the caller
+-- must roll back.  The history row's columns come in the table's order.
+WITH moved AS (
+    DELETE FROM pgfence.jobs
+     WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+    RETURNING id, now(), created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims,
+              priority, putbacks, 'done', queue, kind, dedupe_key, payload, last_error, last_traceback
+)
+INSERT INTO pgfence.job_history SELECT * FROM moved
 RETURNING id;
 
 -- name: complete_or_raise
@@ -100,12 +119,13 @@ SELECT pgfence.complete_fenced(%(id)s, %(attempt)s);
 
 -- name: complete_many
 -- Fenced completion of many jobs in one statement (handlers that wrote
--- nothing of their own); returns the ids that were still owned.  The rows
+-- nothing of their own), moving them to history; returns the ids that were
+-- still owned.  The rows
 -- are locked in id order first, like every statement that locks many jobs
 -- (see renew in heartbeat.sql): no deadlock with the heartbeat's renewal.
 -- The fence is in the lock: only rows of this attempt, still running, are
 -- locked (a row changed meanwhile is checked again as it is locked), and
--- nothing changes a locked row before this statement does.  The update
+-- nothing changes a locked row before this statement does.  The delete
 -- then finds them by id alone: with status = 'running' there too, a
 -- generic plan made while the statistics counted few running jobs (right
 -- after a bulk enqueue) scanned the running jobs once per job completed,
@@ -116,29 +136,49 @@ WITH owned AS (
       JOIN pgfence.jobs j ON j.id = f.id AND j.attempt = f.attempt AND j.status = 'running'
      ORDER BY j.id
        FOR UPDATE OF j
+), moved AS (
+    DELETE FROM pgfence.jobs j
+     USING owned o
+     WHERE j.id = o.id
+    RETURNING j.id, now(), j.created_at, j.run_at, j.started_at, j.attempt, j.max_attempts, j.reclaims,
+              j.max_reclaims, j.priority, j.putbacks, 'done', j.queue, j.kind, j.dedupe_key, j.payload,
+              j.last_error, j.last_traceback
 )
-UPDATE pgfence.jobs j
-   SET status = 'done', finished_at = now(), locked_by = NULL, lease_until = NULL
-  FROM owned o
- WHERE j.id = o.id
-RETURNING j.id;
+INSERT INTO pgfence.job_history SELECT * FROM moved
+RETURNING id;
 
 -- name: fail_or_retry
--- Fenced error report: back to queued with run_at pushed by the backoff, or
--- failed once the attempts are spent (attempt - putbacks: put-backs spent
--- none).  A stale worker's report matches nothing.  last_traceback is the
--- error's traceback, or NULL when it has none.
-UPDATE pgfence.jobs
-   SET status         = CASE WHEN attempt - putbacks >= max_attempts OR %(final)s THEN 'failed' ELSE 'queued' END,
-       run_at         = CASE WHEN attempt - putbacks >= max_attempts OR %(final)s THEN run_at
-                             ELSE now() + make_interval(secs => %(backoff)s::float8) END,
-       finished_at    = CASE WHEN attempt - putbacks >= max_attempts OR %(final)s THEN now() END,
-       last_error     = %(error)s,
-       last_traceback = %(traceback)s,
-       locked_by      = NULL,
-       lease_until    = NULL
- WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
-RETURNING status, queue, kind, attempt - putbacks AS spent, max_attempts;
+-- Fenced error report: back to queued with run_at pushed by the backoff, or,
+-- once the attempts are spent (attempt - putbacks: put-backs spent none) or
+-- with %(final)s, failed and moved to history.  The two branches exclude
+-- each other by the same test, so exactly one of them takes an owned job;
+-- a stale worker's report matches neither.  last_traceback is the error's
+-- traceback, or NULL when it has none.
+WITH moved AS (
+    DELETE FROM pgfence.jobs
+     WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+       AND (attempt - putbacks >= max_attempts OR %(final)s)
+    RETURNING id, now(), created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims,
+              priority, putbacks, 'failed', queue, kind, dedupe_key, payload, %(error)s::text, %(traceback)s::text
+), archived AS (
+    INSERT INTO pgfence.job_history SELECT * FROM moved
+    RETURNING status, queue, kind, attempt - putbacks AS spent, max_attempts
+), retried AS (
+    UPDATE pgfence.jobs
+       SET status         = 'queued',
+           run_at         = now() + make_interval(secs => %(backoff)s::float8),
+           finished_at    = NULL,
+           last_error     = %(error)s,
+           last_traceback = %(traceback)s,
+           locked_by      = NULL,
+           lease_until    = NULL
+     WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+       AND NOT (attempt - putbacks >= max_attempts OR %(final)s)
+    RETURNING status, queue, kind, attempt - putbacks AS spent, max_attempts
+)
+SELECT * FROM archived
+UNION ALL
+SELECT * FROM retried;
 
 -- name: put_back_unknown
 -- Fenced put-back of a job whose kind this worker does not know (a rolling
@@ -147,22 +187,31 @@ RETURNING status, queue, kind, attempt - putbacks AS spent, max_attempts;
 -- attempt this claim took is not counted as spent; attempt itself stays, as
 -- the fencing token never goes back.  Once the job is %(give_up)s seconds
 -- old (from created_at, by the database clock) it is failed instead, with
--- %(error)s.  Returns the new status; no row when this attempt no longer
--- owns the job.
-UPDATE pgfence.jobs j
-   SET status         = CASE WHEN d.give_up THEN 'failed' ELSE 'queued' END,
-       putbacks       = j.putbacks + CASE WHEN d.give_up THEN 0 ELSE 1 END,
-       run_at         = CASE WHEN d.give_up THEN j.run_at
-                             ELSE now() + make_interval(secs => %(delay)s::float8) END,
-       finished_at    = CASE WHEN d.give_up THEN now() END,
-       last_error     = CASE WHEN d.give_up THEN %(error)s ELSE j.last_error END,
-       last_traceback = CASE WHEN d.give_up THEN NULL ELSE j.last_traceback END,
-       locked_by      = NULL,
-       lease_until    = NULL
-  FROM (SELECT created_at <= now() - make_interval(secs => %(give_up)s::float8) AS give_up
-          FROM pgfence.jobs WHERE id = %(id)s) d
- WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.status = 'running'
-RETURNING j.status;
+-- %(error)s, and moved to history.  Returns the new status; no row when this
+-- attempt no longer owns the job.
+WITH moved AS (
+    DELETE FROM pgfence.jobs
+     WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+       AND created_at <= now() - make_interval(secs => %(give_up)s::float8)
+    RETURNING id, now(), created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims,
+              priority, putbacks, 'failed', queue, kind, dedupe_key, payload, %(error)s::text, NULL::text
+), archived AS (
+    INSERT INTO pgfence.job_history SELECT * FROM moved
+    RETURNING status
+), put_back AS (
+    UPDATE pgfence.jobs
+       SET status      = 'queued',
+           putbacks    = putbacks + 1,
+           run_at      = now() + make_interval(secs => %(delay)s::float8),
+           locked_by   = NULL,
+           lease_until = NULL
+     WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+       AND NOT created_at <= now() - make_interval(secs => %(give_up)s::float8)
+    RETURNING status
+)
+SELECT status FROM archived
+UNION ALL
+SELECT status FROM put_back;
 
 -- name: next_run_at
 -- Seconds until the earliest run_at still to come among the queued jobs of
@@ -235,11 +284,26 @@ SELECT pgfence.enqueue(%(kind)s, %(payload)s::jsonb, %(queue)s, %(priority)s,
 
 -- name: complete_unfenced
 -- UNSAFE, used only by `pgfence demo` to show what happens without the fence:
--- completes by id alone, as most queues do.
-UPDATE pgfence.jobs
-   SET status = 'done', finished_at = now(), locked_by = NULL, lease_until = NULL
- WHERE id = %(id)s
-RETURNING id;
+-- completes by id alone, as most queues do.  A job another attempt already
+-- moved to history is marked done there again, and that counts as success,
+-- as the old UPDATE by id did.
+WITH moved AS (
+    DELETE FROM pgfence.jobs
+     WHERE id = %(id)s
+    RETURNING id, now(), created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims,
+              priority, putbacks, 'done', queue, kind, dedupe_key, payload, last_error, last_traceback
+), archived AS (
+    INSERT INTO pgfence.job_history SELECT * FROM moved
+    RETURNING id
+), again AS (
+    UPDATE pgfence.job_history
+       SET status = 'done'
+     WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM moved)
+    RETURNING id
+)
+SELECT id FROM archived
+UNION ALL
+SELECT id FROM again;
 
 -- name: owned_running
 -- The running jobs a worker claimed, by its name: used when it died before

@@ -12,14 +12,14 @@ SELECT u.n, pgfence.enqueue(u.kind, u.payload, %(queue)s, 0, NULL, u.max_attempt
 -- name: loadtest_states
 -- The run's jobs counted by status.
 SELECT status, count(*)
-  FROM pgfence.jobs
+  FROM pgfence.all_jobs
  WHERE queue = %(queue)s
  GROUP BY status;
 
 -- name: loadtest_jobs
 -- Every job of the run, as the audit reads it.
 SELECT id, kind, status, attempt, reclaims, last_error, created_at, run_at, started_at, finished_at
-  FROM pgfence.jobs
+  FROM pgfence.all_jobs
  WHERE queue = %(queue)s
  ORDER BY id;
 
@@ -27,7 +27,7 @@ SELECT id, kind, status, attempt, reclaims, last_error, created_at, run_at, star
 -- The run's committed effect rows, per job in commit order.
 SELECT t.job_id, t.id, t.attempt, t.worker
   FROM pgfence_examples.effects t
-  JOIN pgfence.jobs j ON j.id = t.job_id
+  JOIN pgfence.all_jobs j ON j.id = t.job_id
  WHERE j.queue = %(queue)s
  ORDER BY t.job_id, t.id;
 
@@ -35,17 +35,22 @@ SELECT t.job_id, t.id, t.attempt, t.worker
 -- The run's committed receipt rows, per job in commit order.
 SELECT t.job_id, t.id, t.attempt, t.sent_status
   FROM pgfence_examples.receipts t
-  JOIN pgfence.jobs j ON j.id = t.job_id
+  JOIN pgfence.all_jobs j ON j.id = t.job_id
  WHERE j.queue = %(queue)s
  ORDER BY t.job_id, t.id;
 
 -- name: loadtest_cancel_leftovers
 -- Once the run's supervisors are gone (an interrupted or timed-out run),
--- its jobs still queued or running are cancelled, so none is left behind.
-UPDATE pgfence.jobs
-   SET status = 'cancelled', finished_at = now(), locked_by = NULL, lease_until = NULL,
-       last_error = 'cancelled: the load test ended before this job'
- WHERE queue = %(queue)s AND status IN ('queued', 'running');
+-- its jobs still queued or running are cancelled (moved to history), so
+-- none is left behind.
+WITH moved AS (
+    DELETE FROM pgfence.jobs
+     WHERE queue = %(queue)s AND status IN ('queued', 'running')
+    RETURNING id, now(), created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims,
+              priority, putbacks, 'cancelled', queue, kind, dedupe_key, payload,
+              'cancelled: the load test ended before this job', last_traceback
+)
+INSERT INTO pgfence.job_history SELECT * FROM moved;
 
 -- name: loadtest_backends
 -- The run's worker and heartbeat connections among the backends behind its

@@ -11,18 +11,36 @@ from pgfence.store import admin as store
 from pgfence.store import db
 
 
+#: Up to this many rows of history (by the catalog's estimate), ``status``
+#: counts finished jobs exactly; above it, from a sample of about this many
+#: rows, scaled up, so that a status call over a hundred million finished
+#: jobs reads what it would read over a million.
+EXACT_HISTORY_ROWS = 1_000_000
+
+
+def history_sample_percent(estimate: float, exact_rows: int = EXACT_HISTORY_ROWS) -> float:
+    """The percentage of history's pages ``status`` reads: 100 (exact) up to
+    ``exact_rows``, then just enough for about ``exact_rows`` rows."""
+    if estimate <= exact_rows:
+        return 100.0
+    return max(0.001, 100.0 * exact_rows / estimate)
+
+
 def status(conn: psycopg.Connection) -> dict[str, Any]:
-    """Counts per queue and status, and every running job with its lease."""
+    """Counts per queue and status (finished ones estimated from a sample
+    when history is large: ``estimated`` says so), and every running job
+    with its lease."""
     with db.translated():
         counts: dict[str, dict[str, int]] = {}
-        for count in store.status_counts(conn):
+        percent = history_sample_percent(store.history_estimate(conn), EXACT_HISTORY_ROWS)
+        for count in store.status_counts(conn, percent=percent):
             counts.setdefault(count.queue, {})[count.status] = count.jobs
         running = [
             {"id": r.id, "queue": r.queue, "kind": r.kind, "attempt": r.attempt, "locked_by": r.locked_by,
              "lease_left": round(r.lease_left, 3) if r.lease_left is not None else None}
             for r in store.running_jobs(conn)
         ]
-    return {"queues": counts, "running": running}
+    return {"queues": counts, "running": running, "estimated": percent < 100.0}
 
 
 class RetryResult(NamedTuple):

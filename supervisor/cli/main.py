@@ -416,6 +416,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"{'queue':<16}" + "".join(f"{s:>11}" for s in states))
     for queue, counts in sorted(data["queues"].items()):
         print(f"{queue:<16}" + "".join(f"{counts.get(s, 0):>11}" for s in states))
+    if data["estimated"]:
+        print("(done, failed and cancelled estimated from a sample of a large history)")
     if data["running"]:
         print()
         print(f"{'running id':>10}  {'queue':<12} {'kind':<16} {'attempt':>7}  {'lease left':>10}  owner")
@@ -480,8 +482,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     bounds.check("retention", seconds, label="--retention")
     _dsn_value, conn = _connect(args)
     with conn:
-        deleted = retention.prune(conn, seconds)
-    print(f"deleted {deleted} finished job(s)")
+        done = retention.maintain(conn, seconds)
+    print(f"dropped {done.dropped} day partition(s) of history, deleted {done.deleted} finished job(s)")
     return 0
 
 

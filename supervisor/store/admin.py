@@ -10,6 +10,9 @@ import psycopg
 
 from pgfence.store.queries import q
 
+#: Day partitions of history kept ready after today's.
+HISTORY_AHEAD_DAYS = 3
+
 
 class StatusCount(NamedTuple):
     queue: str
@@ -17,9 +20,17 @@ class StatusCount(NamedTuple):
     jobs: int
 
 
-def status_counts(conn: psycopg.Connection) -> list[StatusCount]:
-    """Jobs per queue and status, by queue then status."""
-    return [StatusCount._make(row) for row in conn.execute(q("status_counts"))]
+def status_counts(conn: psycopg.Connection, *, percent: float = 100.0) -> list[StatusCount]:
+    """Jobs per queue and status, by queue then status: live jobs counted
+    exactly, finished ones from ``percent`` percent of history's pages,
+    scaled up (100: exact)."""
+    return [StatusCount._make(row) for row in conn.execute(q("status_counts"), {"percent": percent})]
+
+
+def history_estimate(conn: psycopg.Connection) -> float:
+    """The planner's estimate of the rows in history, from the catalog alone."""
+    row = conn.execute(q("history_estimate")).fetchone()
+    return float(row[0]) if row else 0.0
 
 
 class RunningJob(NamedTuple):
@@ -95,6 +106,44 @@ def queue_gauges(conn: psycopg.Connection) -> list[QueueGauge]:
 
 
 def prune_batch(conn: psycopg.Connection, *, retention: float, batch: int) -> int:
-    """Delete up to ``batch`` finished jobs older than ``retention`` seconds;
-    how many it deleted."""
+    """Delete up to ``batch`` finished jobs older than ``retention`` seconds
+    from history's default partition; how many it deleted."""
     return len(conn.execute(q("prune_batch"), {"retention": retention, "batch": batch}).fetchall())
+
+
+def history_partitions_ahead(conn: psycopg.Connection, days: int) -> int:
+    """Create the missing day partitions of today through ``days`` ahead
+    (UTC); how many were created."""
+    row = conn.execute(q("history_partitions_ahead"), {"days": days}).fetchone()
+    return int(row[0]) if row else 0
+
+
+class ExpiredPartition(NamedTuple):
+    name: str
+    #: False for a table a detach left behind without its drop.
+    attached: bool
+
+
+def history_partitions_expired(conn: psycopg.Connection, *, retention: float) -> list[ExpiredPartition]:
+    """The day partitions (and detached day tables) whose day ended more
+    than ``retention`` seconds ago, oldest first."""
+    rows = conn.execute(q("history_partitions_expired"), {"retention": retention}).fetchall()
+    return [ExpiredPartition._make(row) for row in rows]
+
+
+def history_lock_timeout(conn: psycopg.Connection, ms: int) -> None:
+    """Wait at most ``ms`` milliseconds for any lock, until the transaction ends."""
+    conn.execute(q("history_lock_timeout"), {"ms": str(ms)})
+
+
+def history_partition_remove(conn: psycopg.Connection, name: str, *, drop: bool) -> bool:
+    """Detach a day partition from history (``drop`` False), or drop its
+    table once detached (``drop`` True); whether the step was done."""
+    row = conn.execute(q("history_partition_remove"), {"name": name, "drop": drop}).fetchone()
+    return bool(row and row[0])
+
+
+def maintenance_try_lock(conn: psycopg.Connection, key: int) -> bool:
+    """Take the maintenance lock ``key`` until the transaction ends, if free."""
+    row = conn.execute(q("maintenance_try_lock"), {"key": key}).fetchone()
+    return bool(row and row[0])

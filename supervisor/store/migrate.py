@@ -14,11 +14,15 @@ from importlib.resources.abc import Traversable
 
 import psycopg
 
-from pgfence.store import db
+from pgfence.store import admin, db
 from pgfence.store.queries import q, sql_files
 
 #: The advisory lock key that serialises migrators ("pgfence" in ASCII).
 LOCK_KEY = 0x7067666E6365
+
+#: The migration that creates pgfence.job_history, whose day partitions
+#: every migrate keeps ready ahead (as the workers' maintenance does).
+HISTORY_VERSION = 9
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
@@ -60,6 +64,10 @@ def apply(conn: psycopg.Connection) -> list[Migration]:
             conn.execute(migration.sql())
             conn.execute(q("migrations_record"), {"version": migration.version, "name": migration.name})
             done.append(migration)
+        # History's day partitions, today and a few days ahead, on every
+        # run: cheap when they exist (the workers keep them ahead too).
+        if HISTORY_VERSION in applied | {m.version for m in done}:
+            admin.history_partitions_ahead(conn, admin.HISTORY_AHEAD_DAYS)
     return done
 
 

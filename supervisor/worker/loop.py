@@ -752,12 +752,12 @@ class Worker:
             self._stop.wait(min(1.0, self.settings.poll_interval))
 
     def _maybe_prune(self) -> None:
-        if self.settings.retention is None:
-            return
+        # History's partitions are created ahead even when retention is off
+        # (none), so that completions never land in the default partition.
         if time.monotonic() - self._last_prune < self.settings.prune_interval:
             return
         self._last_prune = time.monotonic()
         try:
-            retention.prune(self.conn, self.settings.retention)
+            retention.maintain(self.conn, self.settings.retention)
         except PgfenceError as exc:
-            log.warning("retention prune failed: %s", exc)
+            log.warning("history maintenance failed: %s", exc)
