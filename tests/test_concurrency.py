@@ -547,6 +547,24 @@ def test_a_mixed_module_runs_its_sync_and_async_kinds_at_once_in_one_child(dsn, 
     stop(sup)
 
 
+@pytest.mark.parametrize("kind, full", [("c_async_wait", "loop"), ("c_pause", "threads")])
+def test_a_mixed_child_fills_the_slots_that_free_up_on_its_full_side_before_the_poll_interval(
+        dsn, conn, supervisors, kind, full):
+    """A child with def and async def handlers, 2 threads and 4 loop slots,
+    poll interval 60 s: 12 jobs of one side only.  Its first claim fills
+    that side; the other side's claim then finds nothing and the child
+    idles, yet the first side's slots, as they free up, take the queued
+    jobs at once (no NOTIFY comes: all 12 were enqueued at once), so all
+    12 are done on attempt 1 long before the poll interval."""
+    sup = supervisors(workers=1, threads=2, async_concurrency=4, handlers=f"{SYNC},{ASYNC}", poll_interval=60,
+                      lease=120)
+    sup.wait_workers(1)
+    ids = enqueue_many(conn, kind, 12, '{"seconds": 0.3}')
+    sup.wait(lambda: done(conn, ids), 20, f"the 12 jobs of the {full} done before the poll interval")
+    assert rows(conn, ids) == [(i, "done", 1, 0, None) for i in ids]
+    stop(sup)
+
+
 # -- 8. draining many jobs on SIGTERM and SIGHUP -------------------------------------------------------
 
 
