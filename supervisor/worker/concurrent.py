@@ -54,6 +54,7 @@ from pgfence.worker.aio import BLOCKED_AFTER, EventLoop
 from pgfence.worker.lease import Lease
 from pgfence.worker.onloop import EMPTY, LoopClaims
 from pgfence.worker.loop import DEFERRED, DONE, LOST, LeaseTracker, Stats, Worker
+from pgfence.worker.wake import Wake
 
 log = logging.getLogger("pgfence.worker")
 
@@ -132,7 +133,7 @@ class ConcurrentWorker(Worker):
         self.recycle_reason: str | None = None
         self.on_title = on_title
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake = Wake()
         self._flights: dict[tuple[int, int], Flight] = {}
         self._running = [0, 0]          # [threads, loop]
         self._deferred: list[JobBase] = []
@@ -208,6 +209,7 @@ class ConcurrentWorker(Worker):
             self.pool.close(timeout=1.0)
         metrics.WORKER_CAPACITY.set(0)
         metrics.WORKER_FREE_SLOTS.set(0)
+        self._wake.close()
         super().close()
 
     # -- claims ----------------------------------------------------------------------
@@ -549,16 +551,20 @@ class ConcurrentWorker(Worker):
         self._wake.clear()
 
     def _wait(self, seconds: float) -> None:
-        """Nothing to claim: wait for an enqueue's NOTIFY, at most
-        ``seconds`` (a job that ends meanwhile needs no claim, only its
-        completion, which the next round sends)."""
+        """Nothing to claim: wait for an enqueue's NOTIFY or a job's end, at
+        most ``seconds`` (a job's end frees a slot that a side with jobs
+        queued claims for at once: see _idle_plan)."""
         if not self._listening or self._conn is None or self._conn.closed:
             self._wake.wait(seconds)
             self._wake.clear()
             return
         try:
-            woken = any(note.payload in self.settings.queues or not note.payload
-                        for note in self._conn.notifies(timeout=seconds))
+            notes = list(self._conn.notifies(timeout=0))
+            if not notes:
+                self._wake.wait_along(self._conn.fileno(), seconds)
+                self._wake.clear()
+                notes = list(self._conn.notifies(timeout=0))
+            woken = any(note.payload in self.settings.queues or not note.payload for note in notes)
         except (psycopg.Error, OSError):
             self._drop_connection()
             return
