@@ -86,25 +86,25 @@ def test_the_claim_plan_takes_the_free_slots_of_the_roomier_side_first_then_the_
     aio = ["t_units_aio"]
     worker = ConcurrentWorker(DSN, Settings(renew=False, threads=4, async_concurrency=10))
     # The loop has more room: its kinds first, then every other kind for the threads.
-    assert worker.claim_plan() == [Claim(10, kinds=aio), Claim(4, not_kinds=aio)]
+    assert worker.claim_plan() == [Claim(10, kinds=aio, on_loop=True), Claim(4, not_kinds=aio)]
     assert not worker.claims_on_loop      # def handlers too: the claiming thread claims for both sides
     worker._running = [4, 3]                                     # threads full
-    assert worker.claim_plan() == [Claim(7, kinds=aio)]
+    assert worker.claim_plan() == [Claim(7, kinds=aio, on_loop=True)]
     worker._running = [1, 10]                                    # loop full
     assert worker.claim_plan() == [Claim(3, not_kinds=aio)]
     worker._running = [0, 8]                                     # the threads have more room now
-    assert worker.claim_plan() == [Claim(4, not_kinds=aio), Claim(2, kinds=aio)]
+    assert worker.claim_plan() == [Claim(4, not_kinds=aio), Claim(2, kinds=aio, on_loop=True)]
     worker._running = [1, 3]
     worker._held = [4, 0]                # ended, not yet completed: their slots are free again...
-    assert worker.claim_plan() == [Claim(7, kinds=aio), Claim(3, not_kinds=aio)]
+    assert worker.claim_plan() == [Claim(7, kinds=aio, on_loop=True), Claim(3, not_kinds=aio)]
     worker._held = [6, 0]                # ...until completions fall behind by more than the capacity
-    assert worker.claim_plan() == [Claim(7, kinds=aio), Claim(1, not_kinds=aio)]
+    assert worker.claim_plan() == [Claim(7, kinds=aio, on_loop=True), Claim(1, not_kinds=aio)]
     worker._running, worker._held = [4, 10], [0, 0]
     assert worker.claim_plan() == []
 
     capped = ConcurrentWorker(DSN, Settings(renew=False, threads=4, async_concurrency=10, batch=2))
     capped._running = [4, 0]
-    assert capped.claim_plan() == [Claim(2, kinds=aio)]
+    assert capped.claim_plan() == [Claim(2, kinds=aio, on_loop=True)]
 
 
 def test_a_worker_of_one_side_claims_any_kind_into_its_free_slots():
@@ -137,3 +137,33 @@ def test_the_event_loop_reports_the_time_it_has_not_turned():
     finally:
         loop.stop()
     assert loop.loop.is_closed()
+
+
+def test_a_wake_set_from_another_thread_ends_a_wait_along_a_silent_socket():
+    """The claiming thread's idle wait on its connection ends when a job
+    ends elsewhere (the wake set), and when the socket has data."""
+    import socket
+    import threading
+    import time
+
+    from pgfence.worker.wake import Wake
+
+    quiet, other = socket.socketpair()
+    wake = Wake()
+    try:
+        timer = threading.Timer(0.05, wake.set)
+        timer.start()
+        started = time.monotonic()
+        assert wake.wait_along(quiet.fileno(), 30.0) is True
+        assert time.monotonic() - started < 30.0      # ended by the wake, not the timeout
+        timer.join()
+        wake.clear()
+        other.send(b"x")
+        assert wake.wait_along(quiet.fileno(), 30.0) is False
+        assert time.monotonic() - started < 30.0      # ended by the socket
+        wake.close()
+        wake.set()                                    # after close: nothing to write to, no error
+        assert wake.is_set()
+    finally:
+        quiet.close()
+        other.close()

@@ -172,6 +172,29 @@ def test_many_leases_are_renewed_by_one_statement_per_round(dsn, conn, managers)
     assert len(again) == 1 and again.pop() > renewed_at.pop()
 
 
+def test_a_lease_seen_only_after_a_round_does_not_bring_the_next_round_forward(dsn, conn, managers):
+    """A lease is due a period after its claim was sent, but a worker
+    publishes it only once the claim has returned: one claimed just before a
+    round and seen just after it must not call the next round early (with
+    claims coming all the time, every round would come early and there would
+    be more statements than intervals).  One claimed so long before that
+    waiting would leave it less than a period before its deadline is
+    renewed a period before its deadline."""
+    queue = "hb-spacing"
+    ids = [enqueue(conn, "effect", {}, queue=queue) for _ in range(3)]
+    assert len(claim(conn, "w1", queue=queue, lease=30.0, batch=3)) == 3
+    manager = managers(dsn, default_lease=3.0)   # a period of 1 s
+    now = time.monotonic()
+    seen = Lease(ids[0], 1, 3.0, queue, "effect", deadline=now + 3.0, claimed_at=now)
+    manager.track(seen)
+    assert manager.run_once().sent == 1
+    sent = seen.renewed_at
+    late = Lease(ids[1], 1, 3.0, queue, "effect", deadline=sent - 0.4 + 3.0, claimed_at=sent - 0.4)
+    assert manager.next_round([seen, late], sent) == pytest.approx(sent + 1.0, abs=1e-6)
+    old = Lease(ids[2], 1, 3.0, queue, "effect", deadline=sent - 1.5 + 3.0, claimed_at=sent - 1.5)
+    assert manager.next_round([seen, late, old], sent) == pytest.approx(sent + 0.5, abs=1e-6)
+
+
 def test_round_without_leases_sends_no_statement(dsn, managers):
     manager = managers(dsn, default_lease=3.0)
     result = manager.run_once()

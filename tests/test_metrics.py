@@ -62,13 +62,20 @@ def test_readyz_follows_the_workers_and_healthz_the_arbiter(dsn, conn, runs):
     assert http_get(run.url("/nope"))[0] == 404
 
 
-def test_two_hundred_restarts_leave_no_per_process_series(backend, dsn, conn, runs, tmp_path):
+def one_worker_with_metrics_dir(backend, dsn, conn, runs, tmp_path):
+    """(run, its metrics directory): one worker that has done one job.  One
+    backend is enough for the tests that read the metrics files."""
     if backend[0] != "server":
-        pytest.skip("one backend is enough: this measures the metrics files, not the database")
+        pytest.skip("one backend is enough: this reads the metrics files, not the database")
     metrics_dir = tmp_path / "metrics"
     run = runs(dsn, "--workers", "1", "--lease", "3", "--metrics-dir", str(metrics_dir))
     enqueue(conn, "noop")
     wait_for(lambda: total(run.try_scrape(), "pgfence_jobs_completed_total") == 1)
+    return run, metrics_dir
+
+
+def test_two_hundred_restarts_leave_no_per_process_series(backend, dsn, conn, runs, tmp_path):
+    run, metrics_dir = one_worker_with_metrics_dir(backend, dsn, conn, runs, tmp_path)
     restarts = 200
     for i in range(restarts):
         pids = worker_pids(run.proc.pid)
@@ -150,3 +157,21 @@ def test_systemd_notify_ready_watchdog_stopping_in_order(dsn, tmp_path):
     lines = messages[stopping].splitlines()
     extend = int(lines[1].split("=", 1)[1])
     assert lines[1].startswith("EXTEND_TIMEOUT_USEC=") and 7e6 < extend <= 22e6
+
+
+def test_a_scrape_skips_an_empty_or_half_written_metrics_file_with_one_line(backend, dsn, conn, runs, tmp_path):
+    run, metrics_dir = one_worker_with_metrics_dir(backend, dsn, conn, runs, tmp_path)
+    # A child that has just created its file (nothing written yet), and one
+    # that died mid-write: its header claims more bytes than follow.
+    (metrics_dir / "counter_999991.db").write_bytes(b"")
+    (metrics_dir / "histogram_999992.db").write_bytes((64).to_bytes(4, "little") + b"\0" * 4 + b"\x30\0\0\0{\"x")
+    for _ in range(3):
+        parsed = run.scrape()
+        assert total(parsed, "pgfence_jobs_completed_total") == 1
+        assert total(parsed, "pgfence_jobs_claimed_total") == 1
+    err = run.stop()
+    assert "Traceback" not in err, err
+    skipped = [line for line in err.splitlines() if "skipped, it cannot be read" in line]
+    assert len(skipped) == 2, err
+    assert {"counter_999991.db" in skipped[0] or "counter_999991.db" in skipped[1],
+            "histogram_999992.db" in skipped[0] or "histogram_999992.db" in skipped[1]} == {True}

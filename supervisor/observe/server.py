@@ -28,9 +28,9 @@ from typing import Any, TypeVar
 
 import psycopg
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.multiprocess import MultiProcessCollector
 
 from pgfence.store import admin, db
+from pgfence.observe.collect import TolerantCollector
 from pgfence.store.vacuum import vacuum_stats
 from pgfence.observe import metrics
 from pgfence.observe.vacuum import VacuumWatch
@@ -63,6 +63,10 @@ class MetricsServer:
         self._queues: set[str] = set()
         settings = settings or Settings()
         self.vacuum = VacuumWatch(settings.vacuum_warn_dead_tuples, settings.vacuum_warn_horizon)
+        #: One collector for every scrape (it reads the files afresh each
+        #: time), so that a bad file is logged once, not at every scrape.
+        self.registry = CollectorRegistry()
+        TolerantCollector(self.registry)
 
     # -- checks ------------------------------------------------------------------
 
@@ -143,9 +147,7 @@ class MetricsServer:
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    registry = CollectorRegistry()
-                    MultiProcessCollector(registry)
-                    self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                    self._send(200, generate_latest(server.registry), CONTENT_TYPE_LATEST)
                 elif path in ("/healthz", "/readyz"):
                     ok, why = server.healthy() if path == "/healthz" else server.ready()
                     self._send(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8")

@@ -121,6 +121,10 @@ class HeartbeatManager:
         # After a failed round, no new one before this (monotonic): a lease
         # due in the past must not make the loops retry without a pause.
         self._retry_at = 0.0
+        # When the last renewal statement was sent (monotonic): the next
+        # renews no lease sooner than one of its periods later (see
+        # next_event).
+        self._last_sent = float("-inf")
         self._thread: threading.Thread | None = None
         # The statement may not outlive the shortest period of the leases it
         # renews (see run_once): a renewal that is late is worth nothing, and
@@ -178,8 +182,17 @@ class HeartbeatManager:
                 and now < lease.started_at + lease.timeout + self.timeout_grace and not lease.expired(now))
 
     def next_event(self, lease: Lease) -> float:
-        """When ``lease`` next needs a round: its renewal, or its timeout."""
-        at = self.due(lease)
+        """When ``lease`` next needs a round: its renewal, or its timeout.
+
+        A lease's renewal falls due a period after its claim was sent, but
+        the lease is seen only once the claim has returned (a claim of many
+        jobs on a loaded machine takes a good part of a period): one claimed
+        just before a round and seen just after it would call the next round
+        early, and with claims coming all the time every round would come
+        early.  So a renewal waits until one period after the last
+        statement, unless that would leave the lease less than one period
+        before its deadline; its timeout never waits."""
+        at = max(self.due(lease), min(self._last_sent + self.period(lease), lease.deadline - self.period(lease)))
         if lease.timeout is not None and lease.started_at is not None and lease.lost_reason is None:
             at = min(at, lease.started_at + lease.timeout)
         return at
@@ -226,7 +239,7 @@ class HeartbeatManager:
         ids = [lease.id for lease in live]
         attempts = [lease.attempt for lease in live]
         seconds = [float(lease.seconds) for lease in live]
-        sent_at = time.monotonic()
+        sent_at = self._last_sent = time.monotonic()
 
         def renew() -> tuple[set[tuple[int, int]], dict[int, renewals.Verdict]]:
             with pools.connection(self._pool) as conn, conn.transaction():

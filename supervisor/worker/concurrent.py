@@ -54,6 +54,7 @@ from pgfence.worker.aio import BLOCKED_AFTER, EventLoop
 from pgfence.worker.lease import Lease
 from pgfence.worker.onloop import EMPTY, LoopClaims
 from pgfence.worker.loop import DEFERRED, DONE, LOST, LeaseTracker, Stats, Worker
+from pgfence.worker.wake import Wake
 
 log = logging.getLogger("pgfence.worker")
 
@@ -74,11 +75,13 @@ Title = Callable[[int, int, JobBase | None], None]
 @dataclass(frozen=True)
 class Claim:
     """One claim to try: up to ``size`` jobs, of ``kinds`` only (None: any)
-    or of every kind but ``not_kinds``."""
+    or of every kind but ``not_kinds``, for the loop's slots (``on_loop``)
+    or the threads'."""
 
     size: int
     kinds: list[str] | None = None
     not_kinds: list[str] | None = None
+    on_loop: bool = False
 
 
 @dataclass(eq=False)
@@ -130,7 +133,7 @@ class ConcurrentWorker(Worker):
         self.recycle_reason: str | None = None
         self.on_title = on_title
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake = Wake()
         self._flights: dict[tuple[int, int], Flight] = {}
         self._running = [0, 0]          # [threads, loop]
         self._deferred: list[JobBase] = []
@@ -155,6 +158,10 @@ class ConcurrentWorker(Worker):
         self._watched_at: float | None = None
         self._watch_from = 0.0
         self._next_claim_at = 0.0
+        #: The sides (threads, loop) whose last claim found nothing since the
+        #: last wake-up (a NOTIFY, the idle wait's end): until then only the
+        #: other side claims, as soon as it has room (see _idle_plan).
+        self._dry = [False, False]
 
     # -- start and stop -----------------------------------------------------------
 
@@ -202,6 +209,7 @@ class ConcurrentWorker(Worker):
             self.pool.close(timeout=1.0)
         metrics.WORKER_CAPACITY.set(0)
         metrics.WORKER_FREE_SLOTS.set(0)
+        self._wake.close()
         super().close()
 
     # -- claims ----------------------------------------------------------------------
@@ -238,7 +246,7 @@ class ConcurrentWorker(Worker):
         sync_kinds, async_kinds = self._kinds
         if not sync_kinds:
             return [Claim(size) for size in (min(self.batch, free_loop),) if size > 0]
-        loop = Claim(min(self.batch, free_loop), kinds=async_kinds)
+        loop = Claim(min(self.batch, free_loop), kinds=async_kinds, on_loop=True)
         threads = Claim(min(self.batch, free_threads), not_kinds=async_kinds)
         order = [loop, threads] if free_loop >= free_threads else [threads, loop]
         return [c for c in order if c.size > 0]
@@ -543,16 +551,20 @@ class ConcurrentWorker(Worker):
         self._wake.clear()
 
     def _wait(self, seconds: float) -> None:
-        """Nothing to claim: wait for an enqueue's NOTIFY, at most
-        ``seconds`` (a job that ends meanwhile needs no claim, only its
-        completion, which the next round sends)."""
+        """Nothing to claim: wait for an enqueue's NOTIFY or a job's end, at
+        most ``seconds`` (a job's end frees a slot that a side with jobs
+        queued claims for at once: see _idle_plan)."""
         if not self._listening or self._conn is None or self._conn.closed:
             self._wake.wait(seconds)
             self._wake.clear()
             return
         try:
-            woken = any(note.payload in self.settings.queues or not note.payload
-                        for note in self._conn.notifies(timeout=seconds))
+            notes = list(self._conn.notifies(timeout=0))
+            if not notes:
+                self._wake.wait_along(self._conn.fileno(), seconds)
+                self._wake.clear()
+                notes = list(self._conn.notifies(timeout=0))
+            woken = any(note.payload in self.settings.queues or not note.payload for note in notes)
         except (psycopg.Error, OSError):
             self._drop_connection()
             return
@@ -608,11 +620,12 @@ class ConcurrentWorker(Worker):
                     # Never claim past the job limit: the jobs over it would
                     # run in a child that should already be replaced.
                     left = max_jobs - self._dispatched
-                    plan = [Claim(min(c.size, left), c.kinds, c.not_kinds) for c in plan if left > 0]
+                    plan = [Claim(min(c.size, left), c.kinds, c.not_kinds, c.on_loop) for c in plan if left > 0]
                 if not plan:
                     self._wait_for_slot()
                     continue
-                if time.monotonic() < self._next_claim_at:
+                plan = self._idle_plan(plan)
+                if not plan:
                     self._wait(TEND_EVERY / 2)
                     continue
                 jobs = []
@@ -622,13 +635,16 @@ class ConcurrentWorker(Worker):
                         jobs = self.claim(claim.size, claim.kinds, claim.not_kinds)
                         if jobs:
                             break
+                        self._dry[claim.on_loop] = True
                 except DatabaseError as exc:
                     log.warning("%s", exc)
                     self._forget_connection(exc)
                     self._stop.wait(self.settings.poll_interval)
                     continue
                 if jobs:
-                    self._drain_notifies()
+                    if self._drain_notifies() and time.monotonic() < self._next_claim_at:
+                        # An enqueue while idle: the dry side may have a job now.
+                        self._next_claim_at = 0.0
                     self.dispatch_all(jobs)
                     continue
                 self._maybe_prune()
@@ -646,6 +662,16 @@ class ConcurrentWorker(Worker):
             self._flush_safely()
             self.close()
         return self.stats
+
+    def _idle_plan(self, plan: list[Claim]) -> list[Claim]:
+        """The claims to try now.  Once a claim round found nothing, the
+        worker idles until a NOTIFY or the idle wait's end; but a side that
+        was full then was not looked at, and its queued jobs would wait that
+        long for its freed slots: its claims go on, the dry side's wait."""
+        if time.monotonic() >= self._next_claim_at:
+            self._dry = [False, False]
+            return plan
+        return [claim for claim in plan if not self._dry[claim.on_loop]]
 
     def _flush_safely(self) -> None:
         try:
