@@ -124,7 +124,13 @@ class Server:
         user = quote(str(info.get("user", "postgres")), safe="")
         if info.get("password"):
             user += ":" + quote(str(info["password"]), safe="")
-        return f"postgresql://{user}@{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/{quote(db)}"
+        host = str(info.get("host", "127.0.0.1"))
+        if host.startswith("/"):
+            # A Unix socket's directory (the embedded server): a query
+            # parameter, which psycopg and asyncpg both read.
+            port = f"&port={info['port']}" if info.get("port") else ""
+            return f"postgresql://{user}@/{quote(db)}?host={quote(host, safe='/')}{port}"
+        return f"postgresql://{user}@{host}:{info.get('port', 5432)}/{quote(db)}"
 
     def admin(self, sql: str) -> list:
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
@@ -165,6 +171,36 @@ def execute(dsn: str, *statements: str, params: tuple | dict | None = None) -> l
             cur = conn.execute(sql, params)
             rows = cur.fetchall() if cur.description else []
         return rows
+
+
+def insert_finished_jobs(dsn: str, rows: int) -> None:
+    """``rows`` finished no-op jobs straight into pgfence.jobs, finished over
+    the last day a millisecond apart: the history a table kept before
+    finished jobs moved out of it."""
+    execute(dsn, "INSERT INTO pgfence.jobs (kind, status, attempt, started_at, finished_at, created_at, run_at) "
+                 "SELECT 'noop', 'done', 1, t, t, t, t FROM (SELECT now() - interval '1 day' "
+                 f"+ i * interval '1 ms' AS t FROM generate_series(1, {int(rows)}) AS i) s")
+
+
+def time_claims(conns: dict[str, psycopg.Connection], claim: str, complete: str, claims: int,
+                warmup: int) -> dict[str, list[float]]:
+    """The claim of one job (pgfence's statement, prepared), ``claims`` times
+    on each connection after ``warmup`` untimed ones, alternating which goes
+    first; each claimed job is completed at once.  Milliseconds per label."""
+    times: dict[str, list[float]] = {label: [] for label in conns}
+    labels = list(conns)
+    for i in range(claims + warmup):
+        for label in (labels if i % 2 == 0 else labels[::-1]):
+            conn = conns[label]
+            started = time.perf_counter()
+            rows = conn.execute(claim, claim_params(1)).fetchall()
+            elapsed = (time.perf_counter() - started) * 1000
+            if len(rows) != 1:
+                raise RuntimeError(f"a claim on the {label} table returned {len(rows)} rows")
+            conn.execute(complete, {"id": rows[0][0], "attempt": rows[0][5]})
+            if i >= warmup:
+                times[label].append(elapsed)
+    return times
 
 
 def fill_pgfence(dsn: str, n: int, kind: str = "noop", payload: str = "{}") -> None:
@@ -380,6 +416,13 @@ PGFENCE_PROBE = Probe(
     window="SELECT count(*) FILTER (WHERE status = 'done'), "
            "extract(epoch FROM max(finished_at) - min(started_at))::float8 FROM pgfence.all_jobs",
 )
+
+PGQUEUER_PROBE = Probe(
+    left="SELECT EXISTS (SELECT 1 FROM pgqueuer)",
+    started="SELECT EXISTS (SELECT 1 FROM pgqueuer_log WHERE status = 'picked')",
+    window="SELECT count(*) FILTER (WHERE status = 'successful'), "
+           "extract(epoch FROM max(created) FILTER (WHERE status = 'successful') "
+           "- min(created) FILTER (WHERE status = 'picked'))::float8 FROM pgqueuer_log")
 
 _BACKENDS = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
              "AND pid <> pg_backend_pid() AND backend_type = 'client backend'")
