@@ -292,8 +292,9 @@ def soak_markdown(soak: dict) -> list[str]:
                    f"{h['renew_history_ms']:.1f} ms vs {h['renew_empty_ms']:.1f} ms: {h['renew_ratio']:.2f}x "
                    f"({h['rounds']} rounds each, interleaved) |")]
         if ret:
-            lines.append(f"| retention of a day's history: detach and drop {ret['partition']} | "
-                         f"{ret['seconds'] * 1000:,.0f} ms for {ret['rows']:,} rows |")
+            lines.append(f"| retention of a day's history: detach, then drop, {ret['partition']} | "
+                         f"{ret['seconds'] * 1000:,.0f} ms for {ret['rows']:,} rows (detach "
+                         f"{ret['detach_s'] * 1000:,.0f} ms, drop {ret['drop_s'] * 1000:,.0f} ms) |")
         else:
             lines.append("| retention of a day's history | - (no pgfence.job_history in this schema) |")
         lines.append("")

@@ -411,16 +411,18 @@ class Soak:
                               env=self.pgfence.env, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"renewal probe: {proc.stderr.strip()[-300:]}")
-        renew = json.loads(proc.stdout)["median_ms"]
+        renewed = json.loads(proc.stdout)
+        renew = renewed["median_ms"]
         h = self.out["history_cost"] = {
             "rows": rows, "where": where, "claims": claims, "claim_empty_ms": claim["empty"],
             "claim_history_ms": claim["history"], "claim_ratio": claim["history"] / claim["empty"],
             "leases": leases, "rounds": rounds, "renew_empty_ms": renew[0], "renew_history_ms": renew[1],
-            "renew_ratio": renew[1] / renew[0]}
+            "renew_ratio": renew[1] / renew[0],
+            "claim_ms": times, "renew_ms": {"empty": renewed["round_ms"][0], "history": renewed["round_ms"][1]}}
         log(f"  claim {h['claim_history_ms']:.3f} vs {h['claim_empty_ms']:.3f} ms ({h['claim_ratio']:.2f}x); "
             f"renewal {h['renew_history_ms']:.1f} vs {h['renew_empty_ms']:.1f} ms ({h['renew_ratio']:.2f}x)")
         if self.out["history_table"]:
-            self.out["retention"] = retention(big)
+            self.out["retention"] = retention(big, queries)
             log(f"  dropping the partition of {self.out['retention']['rows']:,} rows: "
                 f"{self.out['retention']['seconds']:.3f} s")
 
@@ -471,19 +473,24 @@ def insert_history(dsn: str, rows: int, history_table: bool, chunk: int = 2_000_
                      f"FROM generate_series({start + 1}, {start + n}) AS i) s")
 
 
-def retention(dsn: str) -> dict:
-    """Detach and drop the history partition holding the most rows (the
-    simulated day), timed; how many rows it held."""
+def retention(dsn: str, queries: dict[str, str]) -> dict:
+    """Detach, then drop, the history partition holding the most rows (the
+    simulated day) with pgfence's own statements, each in a transaction of
+    its own as its retention runs them; their times and the rows it held."""
+    if "history_partition_detach" not in queries or "history_partition_drop" not in queries:
+        raise RuntimeError("this pgfence has pgfence.job_history but no history_partition_detach/drop query")
     part, rows = execute(dsn, "VACUUM ANALYZE pgfence.job_history",
-                         "SELECT p.relid::regclass::text, c.reltuples::bigint FROM "
+                         "SELECT c.relname::text, c.reltuples::bigint FROM "
                          "pg_partition_tree('pgfence.job_history') p JOIN pg_class c ON c.oid = p.relid "
                          "WHERE p.isleaf ORDER BY c.reltuples DESC LIMIT 1")[0]
-    parent = execute(dsn, "SELECT parentrelid::regclass::text FROM pg_partition_tree('pgfence.job_history') "
-                          "WHERE relid = %s::regclass", params=(part,))[0][0]
+    seconds = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
-        started = time.perf_counter()
-        with conn.transaction():
-            conn.execute(f"ALTER TABLE {parent} DETACH PARTITION {part}")
-            conn.execute(f"DROP TABLE {part}")
-        seconds = time.perf_counter() - started
-    return {"partition": part, "rows": rows, "seconds": seconds}
+        for step in ("detach", "drop"):
+            started = time.perf_counter()
+            with conn.transaction():
+                done = conn.execute(queries[f"history_partition_{step}"], {"name": part}).fetchone()[0]
+            seconds[step] = time.perf_counter() - started
+            if not done:
+                raise RuntimeError(f"pgfence's history_partition_{step} did not {step} {part}")
+    return {"partition": part, "rows": rows, "detach_s": seconds["detach"], "drop_s": seconds["drop"],
+            "seconds": seconds["detach"] + seconds["drop"]}
