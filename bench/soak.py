@@ -9,7 +9,7 @@ one after the other); that rate for the full duration, sampled every window
 (jobs/s done, queue depth, the hot table's and the history's size, the hot
 table's dead tuples and autovacuums).  Then what a large history costs the
 claim of one job and the renewal of 1,000 leases, and the drop of one day's
-history partition (when the schema has pgfence.job_history).
+history partition (when the schema has pgfence.job_history): soak_history.py.
 
 A producer process (drivers.soak_producer) enqueues at the offered rate,
 paced by the clock; jobs done in a window are the jobs enqueued (the id
@@ -43,9 +43,9 @@ from harness import (
     execute,
     log,
     stop_process,
-    time_claims,
     wait_for,
 )
+from soak_history import history_cost
 
 #: The benchmark's interpreter (bench/.venv), which runs the drivers.
 BENCH_PY = Path(sys.executable)
@@ -226,7 +226,7 @@ class Soak:
             self.out["history_table"] = bool(execute(
                 self.dsn["pgfence"], "SELECT to_regclass('pgfence.job_history') IS NOT NULL")[0][0])
             self.capacity()
-            self.history_cost()
+            self.out.update(history_cost(self.server, self.pgfence, self.args, self.out["history_table"]))
         finally:
             self.server.drop_all()
             embedded.stop(self.args.keep)
@@ -375,57 +375,6 @@ class Soak:
                     return samples
                 live_max, next_at = 0, min(next_at + window, seconds)
 
-    # -- claim and renewal vs history size; retention ------------------------------------------
-
-    def history_cost(self) -> None:
-        a = self.args
-        rows = a.soak_history_rows
-        empty, big = self.server.create("soak_hist_empty"), self.server.create("soak_hist_big")
-        for dsn in (empty, big):
-            self.pgfence.migrate(dsn)
-        where = "pgfence.job_history" if self.out["history_table"] else "pgfence.jobs (finished rows)"
-        log(f"soak: {rows:,} simulated finished jobs in {where}")
-        started = time.monotonic()
-        insert_history(big, rows, self.out["history_table"])
-        claims, warmup, leases = a.claims, 100, 1000
-        for dsn in (empty, big):
-            execute(dsn, f"INSERT INTO pgfence.jobs (kind) SELECT 'noop' FROM generate_series(1, "
-                         f"{claims + warmup + leases})",
-                    "VACUUM ANALYZE", "CHECKPOINT")
-        log(f"  filled and vacuumed in {time.monotonic() - started:,.0f} s; {claims:,} claims of one job on each, "
-            "interleaved")
-        queries = self.pgfence.queries()
-        # Unprepared, as the claim section times it.
-        conns = {"empty": psycopg.connect(empty, autocommit=True, prepare_threshold=None),
-                 "history": psycopg.connect(big, autocommit=True, prepare_threshold=None)}
-        try:
-            times = time_claims(conns, queries["claim"], queries["complete"], claims, warmup)
-        finally:
-            for conn in conns.values():
-                conn.close()
-        claim = {k: statistics.median(v) for k, v in times.items()}
-        rounds = 20
-        log(f"  renewal of {leases:,} leases, {rounds} rounds on each, interleaved")
-        proc = subprocess.run([str(self.pgfence.python), str(BENCH / "pgfence_probe.py"), "renew", str(leases),
-                               str(rounds), empty, big], capture_output=True, text=True, cwd=self.pgfence.root,
-                              env=self.pgfence.env, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"renewal probe: {proc.stderr.strip()[-300:]}")
-        renewed = json.loads(proc.stdout)
-        renew = renewed["median_ms"]
-        h = self.out["history_cost"] = {
-            "rows": rows, "where": where, "claims": claims, "claim_empty_ms": claim["empty"],
-            "claim_history_ms": claim["history"], "claim_ratio": claim["history"] / claim["empty"],
-            "leases": leases, "rounds": rounds, "renew_empty_ms": renew[0], "renew_history_ms": renew[1],
-            "renew_ratio": renew[1] / renew[0],
-            "claim_ms": times, "renew_ms": {"empty": renewed["round_ms"][0], "history": renewed["round_ms"][1]}}
-        log(f"  claim {h['claim_history_ms']:.3f} vs {h['claim_empty_ms']:.3f} ms ({h['claim_ratio']:.2f}x); "
-            f"renewal {h['renew_history_ms']:.1f} vs {h['renew_empty_ms']:.1f} ms ({h['renew_ratio']:.2f}x)")
-        if self.out["history_table"]:
-            self.out["retention"] = retention(big, queries)
-            log(f"  dropping the partition of {self.out['retention']['rows']:,} rows: "
-                f"{self.out['retention']['seconds']:.3f} s")
-
 
 def stop_all(procs: list[subprocess.Popen]) -> None:
     for p in procs:
@@ -442,55 +391,3 @@ def pgfence_probe(dsn: str) -> Probe:
         started=f"SELECT EXISTS (SELECT 1 FROM {table} WHERE started_at IS NOT NULL)",
         window=f"SELECT count(*) FILTER (WHERE status = 'done'), "
                f"extract(epoch FROM max(finished_at) - min(started_at))::float8 FROM {table}")
-
-
-#: A simulated finished job's value for each history column the benchmark
-#: knows; any other column keeps its default.  ``i`` counts the rows, ``t``
-#: spreads them over today so far (today's partition exists: jobs finish
-#: into it).  Ids are negative, clear of every real job's.
-_HISTORY_VALUES = {"id": "-i", "queue": "'default'", "kind": "'noop'", "payload": "'{}'::jsonb",
-                   "status": "'done'", "attempt": "1", "max_attempts": "5", "reclaims": "0", "max_reclaims": "3",
-                   "priority": "0", "run_at": "t", "created_at": "t", "started_at": "t", "finished_at": "t"}
-
-
-def insert_history(dsn: str, rows: int, history_table: bool, chunk: int = 2_000_000) -> None:
-    """``rows`` finished jobs: into pgfence.job_history (routed to its
-    partitions) where the schema has it, else into pgfence.jobs as today's
-    finished rows (harness.insert_finished_jobs's shape), in chunks."""
-    if history_table:
-        cols = [c for (c,) in execute(dsn, "SELECT column_name FROM information_schema.columns WHERE "
-                                           "table_schema = 'pgfence' AND table_name = 'job_history' "
-                                           "ORDER BY ordinal_position") if c in _HISTORY_VALUES]
-        target = f"pgfence.job_history ({', '.join(cols)})"
-        values = ", ".join(_HISTORY_VALUES[c] for c in cols)
-    else:
-        target = "pgfence.jobs (kind, status, attempt, started_at, finished_at, created_at, run_at)"
-        values = "'noop', 'done', 1, t, t, t, t"
-    for start in range(0, rows, chunk):
-        n = min(chunk, rows - start)
-        execute(dsn, f"INSERT INTO {target} SELECT {values} FROM (SELECT i, date_trunc('day', now()) "
-                     f"+ (now() - date_trunc('day', now())) * (i::float8 / {int(rows)}) AS t "
-                     f"FROM generate_series({start + 1}, {start + n}) AS i) s")
-
-
-def retention(dsn: str, queries: dict[str, str]) -> dict:
-    """Detach, then drop, the history partition holding the most rows (the
-    simulated day) with pgfence's own statements, each in a transaction of
-    its own as its retention runs them; their times and the rows it held."""
-    if "history_partition_detach" not in queries or "history_partition_drop" not in queries:
-        raise RuntimeError("this pgfence has pgfence.job_history but no history_partition_detach/drop query")
-    part, rows = execute(dsn, "VACUUM ANALYZE pgfence.job_history",
-                         "SELECT c.relname::text, c.reltuples::bigint FROM "
-                         "pg_partition_tree('pgfence.job_history') p JOIN pg_class c ON c.oid = p.relid "
-                         "WHERE p.isleaf ORDER BY c.reltuples DESC LIMIT 1")[0]
-    seconds = {}
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for step in ("detach", "drop"):
-            started = time.perf_counter()
-            with conn.transaction():
-                done = conn.execute(queries[f"history_partition_{step}"], {"name": part}).fetchone()[0]
-            seconds[step] = time.perf_counter() - started
-            if not done:
-                raise RuntimeError(f"pgfence's history_partition_{step} did not {step} {part}")
-    return {"partition": part, "rows": rows, "detach_s": seconds["detach"], "drop_s": seconds["drop"],
-            "seconds": seconds["detach"] + seconds["drop"]}
