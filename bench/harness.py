@@ -173,15 +173,6 @@ def execute(dsn: str, *statements: str, params: tuple | dict | None = None) -> l
         return rows
 
 
-def insert_finished_jobs(dsn: str, rows: int) -> None:
-    """``rows`` finished no-op jobs straight into pgfence.jobs, finished over
-    the last day a millisecond apart: the history a table kept before
-    finished jobs moved out of it."""
-    execute(dsn, "INSERT INTO pgfence.jobs (kind, status, attempt, started_at, finished_at, created_at, run_at) "
-                 "SELECT 'noop', 'done', 1, t, t, t, t FROM (SELECT now() - interval '1 day' "
-                 f"+ i * interval '1 ms' AS t FROM generate_series(1, {int(rows)}) AS i) s")
-
-
 def time_claims(conns: dict[str, psycopg.Connection], claim: str, complete: str, claims: int,
                 warmup: int) -> dict[str, list[float]]:
     """The claim of one job (pgfence's statement, prepared), ``claims`` times
@@ -203,11 +194,25 @@ def time_claims(conns: dict[str, psycopg.Connection], claim: str, complete: str,
     return times
 
 
+def has_history(dsn: str) -> bool:
+    """Whether pgfence's schema moves finished jobs out of pgfence.jobs into
+    pgfence.job_history (migration 0009), whose jobs pgfence.all_jobs shows
+    with the live ones."""
+    return bool(execute(dsn, "SELECT to_regclass('pgfence.job_history') IS NOT NULL")[0][0])
+
+
+def all_jobs(dsn: str) -> str:
+    """The relation that holds every job, live or finished."""
+    return "pgfence.all_jobs" if has_history(dsn) else "pgfence.jobs"
+
+
 def fill_pgfence(dsn: str, n: int, kind: str = "noop", payload: str = "{}") -> None:
-    """An empty pgfence table, then N queued jobs in one statement, vacuumed,
-    analyzed and checkpointed, so every run starts from the same state."""
+    """An empty pgfence table (and history), then N queued jobs in one
+    statement, vacuumed, analyzed and checkpointed, so every run starts from
+    the same state."""
+    history = ", pgfence.job_history" if has_history(dsn) else ""
     execute(dsn,
-            "TRUNCATE pgfence.jobs, pgfence_examples.effects, pgfence_examples.receipts RESTART IDENTITY",
+            f"TRUNCATE pgfence.jobs{history}, pgfence_examples.effects, pgfence_examples.receipts RESTART IDENTITY",
             f"INSERT INTO pgfence.jobs (kind, payload) SELECT '{kind}', '{payload}'::jsonb "
             f"FROM generate_series(1, {int(n)})",
             "VACUUM ANALYZE pgfence.jobs",
@@ -410,12 +415,17 @@ class Probe:
     window: str     # jobs done, seconds from first taken to last done (database clock)
 
 
-PGFENCE_PROBE = Probe(
-    left="SELECT EXISTS (SELECT 1 FROM pgfence.jobs WHERE status IN ('queued', 'running'))",
-    started="SELECT EXISTS (SELECT 1 FROM pgfence.all_jobs WHERE started_at IS NOT NULL)",
-    window="SELECT count(*) FILTER (WHERE status = 'done'), "
-           "extract(epoch FROM max(finished_at) - min(started_at))::float8 FROM pgfence.all_jobs",
-)
+def pgfence_probe(dsn: str) -> Probe:
+    """pgfence's drain probe for the schema of ``dsn``: jobs left are read
+    from pgfence.jobs, jobs taken and done from every job (pgfence.all_jobs
+    where finished jobs move to history)."""
+    table = all_jobs(dsn)
+    return Probe(
+        left="SELECT EXISTS (SELECT 1 FROM pgfence.jobs WHERE status IN ('queued', 'running'))",
+        started=f"SELECT EXISTS (SELECT 1 FROM {table} WHERE started_at IS NOT NULL)",
+        window=f"SELECT count(*) FILTER (WHERE status = 'done'), "
+               f"extract(epoch FROM max(finished_at) - min(started_at))::float8 FROM {table}",
+    )
 
 PGQUEUER_PROBE = Probe(
     left="SELECT EXISTS (SELECT 1 FROM pgqueuer)",

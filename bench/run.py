@@ -37,7 +37,6 @@ import psycopg
 from harness import (
     BENCH,
     DISTURBED,
-    PGFENCE_PROBE,
     PGQUEUER_PROBE,
     PREFIX,
     WORKLOAD_PIDS,
@@ -48,6 +47,7 @@ from harness import (
     Run,
     Series,
     Server,
+    all_jobs,
     claim_params,
     cmdline,
     descendants,
@@ -57,16 +57,18 @@ from harness import (
     fill_pgfence,
     fold,
     free_port,
-    insert_finished_jobs,
+    has_history,
     log,
     memory,
     percentile,
+    pgfence_probe,
     stop_process,
     time_claims,
     wait_for,
 )
 from report import REFERENCE, goals, machine_facts, markdown
 from soak import Soak
+from soak_history import insert_history
 
 BENCH_PY = Path(sys.executable)
 SECTIONS = ("pgfence", "effect", "pgqueuer", "procrastinate", "naive", "pgbench", "io", "pickup", "heartbeat",
@@ -105,6 +107,7 @@ class Bench:
         self.errors: dict[str, str] = {}
         self.logdir = Path(tempfile.mkdtemp(prefix="pgfence-bench-"))
         self.main_dsn = ""
+        self.probe: Probe | None = None
 
     # -- plumbing -------------------------------------------------------------
 
@@ -176,7 +179,7 @@ class Bench:
         try:
             return drain(self.main_dsn, n, self.args.cap,
                          lambda: [self.pgfence.run(self.main_dsn, workers, batch, self.logfile(name))],
-                         PGFENCE_PROBE, stop)
+                         self.probe, stop)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}; log: {self.tail(name)}") from None
 
@@ -254,7 +257,7 @@ class Bench:
                 return drain(self.main_dsn, n, a.cap,
                              lambda: [self.start_driver("naive_worker", self.main_dsn, str(batch),
                                                         name=f"naive-{batch}") for _ in range(processes)],
-                             PGFENCE_PROBE, self.wait_exit)
+                             self.probe, self.wait_exit)
 
             label = "one job per claim" if batch == 1 else f"{batch} jobs per claim"
             self.measure(key, "naive psycopg loop, no fence", f"{processes} processes, {label}", n, once)
@@ -306,7 +309,7 @@ class Bench:
             # Done: pgbench ends with its last transaction.  Capped: stopped now.
             self.wait_exit(procs, timeout=5.0)
 
-        run = drain(self.main_dsn, n, self.args.cap, start, PGFENCE_PROBE, stop)
+        run = drain(self.main_dsn, n, self.args.cap, start, self.probe, stop)
         text = out.read_text()
         tps = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", text)
         if tps:
@@ -388,7 +391,7 @@ class Bench:
                 stop_process(p, signal.SIGTERM)
 
         try:
-            return drain(self.main_dsn, n, self.args.cap, start, PGFENCE_PROBE, stop)
+            return drain(self.main_dsn, n, self.args.cap, start, self.probe, stop)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}; log: {self.tail(name)}") from None
 
@@ -565,10 +568,11 @@ class Bench:
                 for _ in range(count):
                     conn.execute("SELECT pgfence.enqueue('noop')")
                     time.sleep(gap * random.uniform(0.5, 1.5))
-                if not wait_for(lambda: not conn.execute(PGFENCE_PROBE.left).fetchone()[0], 30):
+                if not wait_for(lambda: not conn.execute(self.probe.left).fetchone()[0], 30):
                     raise RuntimeError("jobs were left unclaimed")
                 ms = sorted(r[0] for r in conn.execute(
-                    "SELECT extract(epoch FROM started_at - created_at)::float8 * 1000 FROM pgfence.all_jobs"))
+                    "SELECT extract(epoch FROM started_at - created_at)::float8 * 1000 FROM "
+                    + all_jobs(self.main_dsn)))
         finally:
             stop_process(proc, signal.SIGTERM)
         return {"jobs": len(ms), "gap_ms": gap * 1000, "options": " ".join(extra),
@@ -605,7 +609,7 @@ class Bench:
         for dsn in (empty, big):
             self.pgfence.migrate(dsn)
         log(f"claim cost: {a.finished_rows:,} finished rows")
-        insert_finished_jobs(big, a.finished_rows)
+        insert_history(big, a.finished_rows, has_history(big))
         claims, warmup = a.claims, 100
         for dsn in (empty, big):
             execute(dsn, f"INSERT INTO pgfence.jobs (kind) SELECT 'noop' FROM generate_series(1, {claims + warmup})",
@@ -646,7 +650,7 @@ class Bench:
                                    "--log-level", "WARNING"], self.logfile("memory"))
         try:
             with psycopg.connect(self.main_dsn, autocommit=True) as conn:
-                if not wait_for(lambda: not conn.execute(PGFENCE_PROBE.left).fetchone()[0], 60):
+                if not wait_for(lambda: not conn.execute(self.probe.left).fetchone()[0], 60):
                     raise RuntimeError(f"jobs were left; log: {self.tail('memory')}")
             time.sleep(2.0)
             procs = [{"pid": proc.pid, "role": "arbiter", "title": cmdline(proc.pid)[:80], **memory(proc.pid)}]
@@ -686,7 +690,7 @@ class Bench:
         proc = self.pgfence.run(self.main_dsn, workers, batch, self.logfile("profile"))
         try:
             with psycopg.connect(self.main_dsn, autocommit=True) as conn:
-                wait_for(lambda: conn.execute(PGFENCE_PROBE.started).fetchone()[0], 30, 0.01)
+                wait_for(lambda: conn.execute(self.probe.started).fetchone()[0], 30, 0.01)
             kids = [p for p in descendants(proc.pid) if "worker" in cmdline(p)]
             spy = subprocess.run([str(BENCH_PY.parent / "py-spy"), "record", "-p", str(kids[0]), "-d", "3",
                                   "-r", "250", "--idle", "--nonblocking", "-f", "raw", "-o", str(raw)],
@@ -718,6 +722,7 @@ class Bench:
         self.server.drop_leftovers()
         self.main_dsn = self.server.create("main")
         self.pgfence.migrate(self.main_dsn)
+        self.probe = pgfence_probe(self.main_dsn)
         try:
             for name in SECTIONS:
                 if name not in self.args.only:

@@ -36,12 +36,13 @@ from harness import (
     BENCH,
     PGQUEUER_PROBE,
     Pgfence,
-    Probe,
     Run,
     Server,
     drain,
     execute,
+    has_history,
     log,
+    pgfence_probe,
     stop_process,
     wait_for,
 )
@@ -223,8 +224,7 @@ class Soak:
                     "soak_history_rows")}}
             self.dsn = {"pgfence": self.server.create("soak_pgfence"), "pgqueuer": self.server.create("soak_pgqueuer")}
             self.pgfence.migrate(self.dsn["pgfence"])
-            self.out["history_table"] = bool(execute(
-                self.dsn["pgfence"], "SELECT to_regclass('pgfence.job_history') IS NOT NULL")[0][0])
+            self.out["history_table"] = has_history(self.dsn["pgfence"])
             self.capacity()
             self.out.update(history_cost(self.server, self.pgfence, self.args, self.out["history_table"]))
         finally:
@@ -379,15 +379,3 @@ class Soak:
 def stop_all(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         stop_process(p, signal.SIGTERM)
-
-
-def pgfence_probe(dsn: str) -> Probe:
-    """The drain probe for pgfence's schema as it is: finished jobs are read
-    from pgfence.all_jobs where finished jobs move to a history table."""
-    table = "pgfence.all_jobs" if execute(dsn, "SELECT to_regclass('pgfence.all_jobs') IS NOT NULL")[0][0] \
-        else "pgfence.jobs"
-    return Probe(
-        left="SELECT EXISTS (SELECT 1 FROM pgfence.jobs WHERE status IN ('queued', 'running'))",
-        started=f"SELECT EXISTS (SELECT 1 FROM {table} WHERE started_at IS NOT NULL)",
-        window=f"SELECT count(*) FILTER (WHERE status = 'done'), "
-               f"extract(epoch FROM max(finished_at) - min(started_at))::float8 FROM {table}")

@@ -86,8 +86,8 @@ _HISTORY_VALUES = {"id": "-i", "queue": "'default'", "kind": "'noop'", "payload"
 
 def insert_history(dsn: str, rows: int, history_table: bool, chunk: int = 2_000_000) -> None:
     """``rows`` finished jobs: into pgfence.job_history (routed to its
-    partitions) where the schema has it, else into pgfence.jobs as today's
-    finished rows (harness.insert_finished_jobs's shape), in chunks."""
+    partitions) where the schema has it, else into pgfence.jobs as finished
+    rows, in chunks (the claim section's history too)."""
     if history_table:
         cols = [c for (c,) in execute(dsn, "SELECT column_name FROM information_schema.columns WHERE "
                                            "table_schema = 'pgfence' AND table_name = 'job_history' "
