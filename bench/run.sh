@@ -4,7 +4,7 @@
 #
 #   bench/run.sh               # the full run (about 28 minutes on 2 cores)
 #   bench/run.sh --quick       # a smoke run: small N, one run each
-#   bench/run.sh --only soak   # the soak section (opt-in: about 80 minutes; --quick: about 7)
+#   bench/run.sh --only soak   # the soak section (opt-in: about 85 minutes; --quick: about 6)
 #   bench/run.sh --help
 #
 # It makes bench/.venv (pgqueuer, procrastinate, Celery, Dramatiq, py-spy: never in the
