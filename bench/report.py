@@ -272,14 +272,17 @@ def soak_markdown(soak: dict) -> list[str]:
         full = s["full"]
         lines += [f"{s['label']} at {full['rate']:,} jobs/s offered, per {full['window_s']:g} s window:", "",
                   "| t s | offered/s | done/s | queue depth (end / max) | hot table MiB | history MiB | "
-                  "dead tuples (hot) | autovacuums |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "dead tuples (hot) | autovacuums | machine busy |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for w in full["windows"]:
             lines.append(f"| {w['t_end_s']:,.0f} | {w['offered_per_s']:,.0f} | {w['done_per_s']:,.0f} | "
                          f"{w['depth']:,} / {w['depth_max']:,} | {w['hot_mib']:,.1f} | "
                          f"{'-' if w['history_mib'] is None else format(w['history_mib'], ',.1f')} | "
-                         f"{w['dead_tuples']:,} | {w['autovacuums']} |")
+                         f"{w['dead_tuples']:,} | {w['autovacuums']} | "
+                         f"{'-' if w.get('machine_busy') is None else format(w['machine_busy'], '.0%')} |")
         lines.append("")
-    lines += [("Done in a window: jobs enqueued (the id sequence) less jobs live. History: pgfence.job_history's "
+    lines += [("Done in a window: jobs enqueued (the id sequence) less jobs live. Machine busy: the share of both "
+               "cores busy with anything, this run included (another workload on the machine shows as the "
+               "difference between runs). History: pgfence.job_history's "
                "partitions summed where the schema has it (else finished jobs stay in the hot table, '-'); for "
                "pgqueuer its log table, pgqueuer_log. Sizes include indexes and TOAST."), ""]
     h, ret = soak.get("history_cost"), soak.get("retention")

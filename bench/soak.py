@@ -42,7 +42,9 @@ from harness import (
     execute,
     has_history,
     log,
+    machine_busy,
     pgfence_probe,
+    quiesce,
     stop_process,
     wait_for,
 )
@@ -160,8 +162,18 @@ def windows(samples: list[dict]) -> list[dict]:
                     "depth": b["live"], "depth_max": b.get("live_max", b["live"]),
                     "hot_mib": round(b["hot_bytes"] / 2**20, 1),
                     "history_mib": None if b["history_bytes"] is None else round(b["history_bytes"] / 2**20, 1),
-                    "dead_tuples": b["dead"], "autovacuums": b["autovacuums"] - a["autovacuums"]})
+                    "dead_tuples": b["dead"], "autovacuums": b["autovacuums"] - a["autovacuums"],
+                    "machine_busy": busy_share(a, b)})
     return out
+
+
+def busy_share(a: dict, b: dict) -> float | None:
+    """The share of the machine's CPU busy (with anything) between two
+    samples, from their ``busy`` readings of /proc/stat."""
+    if "busy" not in a or "busy" not in b:
+        return None
+    total = b["busy"][1] - a["busy"][1]
+    return round((b["busy"][0] - a["busy"][0]) / total, 3) if total > 0 else None
 
 
 # -- the embedded server ------------------------------------------------------------------------
@@ -312,6 +324,8 @@ class Soak:
         dsn = self.dsn[s.key]
         log(f"soak: {s.label}, {s.config}, {rate:,} jobs/s offered for {seconds:g} s")
         self.reset(s)
+        # As every drain does: wait (up to 2 minutes) for a quiet machine.
+        quiet = quiesce()
         procs = self.workers(s)
         producer = None
         try:
@@ -335,7 +349,8 @@ class Soak:
             if producer is not None:
                 stop_process(producer, signal.SIGTERM, 10)
             stop_all(procs)
-        result = {"rate": rate, "seconds": seconds, "window_s": window, "producer": summary,
+        result = {"rate": rate, "seconds": seconds, "window_s": window, "busy_before": round(quiet, 3),
+                  "producer": summary,
                   "windows": windows(samples),
                   "verdict": verdict(samples, rate, summary.get("offered_per_s", 0.0))}
         v = result["verdict"]
@@ -358,7 +373,7 @@ class Soak:
             enqueued = enq - base
             return {"t": time.monotonic() - t0, "enqueued": enqueued, "live": live, "done": enqueued - live,
                     "live_max": max(live_max, live), "hot_bytes": hot_bytes, "history_bytes": history,
-                    "dead": dead, "live_tuples": live_tup, "autovacuums": autovacuums}
+                    "dead": dead, "live_tuples": live_tup, "autovacuums": autovacuums, "busy": machine_busy()}
 
         samples = [sample(0)]
         live_max, next_at = 0, min(window, seconds)

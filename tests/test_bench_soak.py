@@ -78,3 +78,9 @@ def test_windows_give_rates_sizes_and_autovacuums_per_window():
     assert [(x["depth"], x["hot_mib"], x["history_mib"], x["dead_tuples"]) for x in w] == [
         (100, 2.0, None, 10), (50, 3.0, None, 20)]
     assert [x["autovacuums"] for x in w] == [0, 0]
+    assert [x["machine_busy"] for x in w] == [None, None]
+
+
+def test_machine_busy_is_the_busy_share_between_two_samples():
+    assert soak.busy_share({"busy": (10.0, 100.0)}, {"busy": (25.0, 120.0)}) == 0.75
+    assert soak.busy_share({"busy": (10.0, 100.0)}, {"busy": (10.0, 100.0)}) is None
