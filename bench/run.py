@@ -877,6 +877,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name, (full, quick) in SOAK_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
+        elif getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive")
     if args.configs:
         try:
             args.pgfence_configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]

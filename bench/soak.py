@@ -225,9 +225,8 @@ class Soak:
 
     def run(self) -> dict:
         embedded = Embedded(self.pgfence)
-        admin = embedded.start()
-        self.server = Server(admin)
         try:
+            self.server = Server(embedded.start())
             self.out = {"server": self.server.facts(), "criterion": {
                 "depth_seconds": DEPTH_SECONDS, "slope_share": SLOPE_SHARE, "small_seconds": SMALL_SECONDS,
                 "offered_share": OFFERED_SHARE},
@@ -240,7 +239,8 @@ class Soak:
             self.capacity()
             self.out.update(history_cost(self.server, self.pgfence, self.args, self.out["history_table"]))
         finally:
-            self.server.drop_all()
+            if self.server is not None:
+                self.server.drop_all()
             embedded.stop(self.args.keep)
         return self.out
 
