@@ -104,24 +104,35 @@ def insert_history(dsn: str, rows: int, history_table: bool, chunk: int = 2_000_
                      f"FROM generate_series({start + 1}, {start + n}) AS i) s")
 
 
+def retention_steps(queries: dict[str, str], name: str) -> list[tuple[str, str, dict]]:
+    """pgfence's own statements that detach, then drop, the history partition
+    ``name`` (step, statement, parameters): one function for both steps
+    (history_partition_remove) or one each (history_partition_detach, _drop),
+    as the checkout under test has them."""
+    if "history_partition_remove" in queries:
+        return [(step, queries["history_partition_remove"], {"name": name, "drop": step == "drop"})
+                for step in ("detach", "drop")]
+    if "history_partition_detach" in queries and "history_partition_drop" in queries:
+        return [(step, queries[f"history_partition_{step}"], {"name": name}) for step in ("detach", "drop")]
+    raise RuntimeError("this pgfence has pgfence.job_history but no statement that removes a history partition")
+
+
 def retention(dsn: str, queries: dict[str, str]) -> dict:
     """Detach, then drop, the history partition holding the most rows (the
     simulated day) with pgfence's own statements, each in a transaction of
     its own as its retention runs them; their times and the rows it held."""
-    if "history_partition_detach" not in queries or "history_partition_drop" not in queries:
-        raise RuntimeError("this pgfence has pgfence.job_history but no history_partition_detach/drop query")
     part, rows = execute(dsn, "VACUUM ANALYZE pgfence.job_history",
                          "SELECT c.relname::text, c.reltuples::bigint FROM "
                          "pg_partition_tree('pgfence.job_history') p JOIN pg_class c ON c.oid = p.relid "
                          "WHERE p.isleaf ORDER BY c.reltuples DESC LIMIT 1")[0]
     seconds = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for step in ("detach", "drop"):
+        for step, sql, params in retention_steps(queries, part):
             started = time.perf_counter()
             with conn.transaction():
-                done = conn.execute(queries[f"history_partition_{step}"], {"name": part}).fetchone()[0]
+                done = conn.execute(sql, params).fetchone()[0]
             seconds[step] = time.perf_counter() - started
             if not done:
-                raise RuntimeError(f"pgfence's history_partition_{step} did not {step} {part}")
+                raise RuntimeError(f"pgfence's statement did not {step} {part}")
     return {"partition": part, "rows": rows, "detach_s": seconds["detach"], "drop_s": seconds["drop"],
             "seconds": seconds["detach"] + seconds["drop"]}

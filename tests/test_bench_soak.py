@@ -84,3 +84,15 @@ def test_windows_give_rates_sizes_and_autovacuums_per_window():
 def test_machine_busy_is_the_busy_share_between_two_samples():
     assert soak.busy_share({"busy": (10.0, 100.0)}, {"busy": (25.0, 120.0)}) == 0.75
     assert soak.busy_share({"busy": (10.0, 100.0)}, {"busy": (10.0, 100.0)}) is None
+
+
+def test_retention_uses_the_statements_the_checkout_has():
+    import soak_history
+
+    both = soak_history.retention_steps({"history_partition_remove": "R"}, "job_history_20261204")
+    assert both == [("detach", "R", {"name": "job_history_20261204", "drop": False}),
+                    ("drop", "R", {"name": "job_history_20261204", "drop": True})]
+    each = soak_history.retention_steps({"history_partition_detach": "D", "history_partition_drop": "X"}, "p")
+    assert each == [("detach", "D", {"name": "p"}), ("drop", "X", {"name": "p"})]
+    with pytest.raises(RuntimeError, match="no statement that removes a history partition"):
+        soak_history.retention_steps({}, "p")
