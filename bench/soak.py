@@ -324,7 +324,7 @@ class Soak:
         dsn = self.dsn[s.key]
         log(f"soak: {s.label}, {s.config}, {rate:,} jobs/s offered for {seconds:g} s")
         self.reset(s)
-        # As every drain does: wait (up to 2 minutes) for a quiet machine.
+        # As every drain does: wait (up to --quiet-timeout) for a quiet machine.
         quiet = quiesce()
         procs = self.workers(s)
         producer = None
