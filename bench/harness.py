@@ -124,7 +124,13 @@ class Server:
         user = quote(str(info.get("user", "postgres")), safe="")
         if info.get("password"):
             user += ":" + quote(str(info["password"]), safe="")
-        return f"postgresql://{user}@{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/{quote(db)}"
+        host = str(info.get("host", "127.0.0.1"))
+        if host.startswith("/"):
+            # A Unix socket's directory (the embedded server): a query
+            # parameter, which psycopg and asyncpg both read.
+            port = f"&port={info['port']}" if info.get("port") else ""
+            return f"postgresql://{user}@/{quote(db)}?host={quote(host, safe='/')}{port}"
+        return f"postgresql://{user}@{host}:{info.get('port', 5432)}/{quote(db)}"
 
     def admin(self, sql: str) -> list:
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
@@ -167,11 +173,46 @@ def execute(dsn: str, *statements: str, params: tuple | dict | None = None) -> l
         return rows
 
 
+def time_claims(conns: dict[str, psycopg.Connection], claim: str, complete: str, claims: int,
+                warmup: int) -> dict[str, list[float]]:
+    """The claim of one job (pgfence's statement, prepared), ``claims`` times
+    on each connection after ``warmup`` untimed ones, alternating which goes
+    first; each claimed job is completed at once.  Milliseconds per label."""
+    times: dict[str, list[float]] = {label: [] for label in conns}
+    labels = list(conns)
+    for i in range(claims + warmup):
+        for label in (labels if i % 2 == 0 else labels[::-1]):
+            conn = conns[label]
+            started = time.perf_counter()
+            rows = conn.execute(claim, claim_params(1)).fetchall()
+            elapsed = (time.perf_counter() - started) * 1000
+            if len(rows) != 1:
+                raise RuntimeError(f"a claim on the {label} table returned {len(rows)} rows")
+            conn.execute(complete, {"id": rows[0][0], "attempt": rows[0][5]})
+            if i >= warmup:
+                times[label].append(elapsed)
+    return times
+
+
+def has_history(dsn: str) -> bool:
+    """Whether pgfence's schema moves finished jobs out of pgfence.jobs into
+    pgfence.job_history (migration 0009), whose jobs pgfence.all_jobs shows
+    with the live ones."""
+    return bool(execute(dsn, "SELECT to_regclass('pgfence.job_history') IS NOT NULL")[0][0])
+
+
+def all_jobs(dsn: str) -> str:
+    """The relation that holds every job, live or finished."""
+    return "pgfence.all_jobs" if has_history(dsn) else "pgfence.jobs"
+
+
 def fill_pgfence(dsn: str, n: int, kind: str = "noop", payload: str = "{}") -> None:
-    """An empty pgfence table, then N queued jobs in one statement, vacuumed,
-    analyzed and checkpointed, so every run starts from the same state."""
+    """An empty pgfence table (and history), then N queued jobs in one
+    statement, vacuumed, analyzed and checkpointed, so every run starts from
+    the same state."""
+    history = ", pgfence.job_history" if has_history(dsn) else ""
     execute(dsn,
-            "TRUNCATE pgfence.jobs, pgfence_examples.effects, pgfence_examples.receipts RESTART IDENTITY",
+            f"TRUNCATE pgfence.jobs{history}, pgfence_examples.effects, pgfence_examples.receipts RESTART IDENTITY",
             f"INSERT INTO pgfence.jobs (kind, payload) SELECT '{kind}', '{payload}'::jsonb "
             f"FROM generate_series(1, {int(n)})",
             "VACUUM ANALYZE pgfence.jobs",
@@ -374,12 +415,24 @@ class Probe:
     window: str     # jobs done, seconds from first taken to last done (database clock)
 
 
-PGFENCE_PROBE = Probe(
-    left="SELECT EXISTS (SELECT 1 FROM pgfence.jobs WHERE status IN ('queued', 'running'))",
-    started="SELECT EXISTS (SELECT 1 FROM pgfence.all_jobs WHERE started_at IS NOT NULL)",
-    window="SELECT count(*) FILTER (WHERE status = 'done'), "
-           "extract(epoch FROM max(finished_at) - min(started_at))::float8 FROM pgfence.all_jobs",
-)
+def pgfence_probe(dsn: str) -> Probe:
+    """pgfence's drain probe for the schema of ``dsn``: jobs left are read
+    from pgfence.jobs, jobs taken and done from every job (pgfence.all_jobs
+    where finished jobs move to history)."""
+    table = all_jobs(dsn)
+    return Probe(
+        left="SELECT EXISTS (SELECT 1 FROM pgfence.jobs WHERE status IN ('queued', 'running'))",
+        started=f"SELECT EXISTS (SELECT 1 FROM {table} WHERE started_at IS NOT NULL)",
+        window=f"SELECT count(*) FILTER (WHERE status = 'done'), "
+               f"extract(epoch FROM max(finished_at) - min(started_at))::float8 FROM {table}",
+    )
+
+PGQUEUER_PROBE = Probe(
+    left="SELECT EXISTS (SELECT 1 FROM pgqueuer)",
+    started="SELECT EXISTS (SELECT 1 FROM pgqueuer_log WHERE status = 'picked')",
+    window="SELECT count(*) FILTER (WHERE status = 'successful'), "
+           "extract(epoch FROM max(created) FILTER (WHERE status = 'successful') "
+           "- min(created) FILTER (WHERE status = 'picked'))::float8 FROM pgqueuer_log")
 
 _BACKENDS = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
              "AND pid <> pg_backend_pid() AND backend_type = 'client backend'")

@@ -37,6 +37,10 @@ GOALS = {
     "io_row_vs_pgbench_one": 0.80,  # fenced-row jobs: min(this x one-job pgbench, io_row_of_ideal x ideal)
     "io_row_of_ideal": 0.90,
     "default_vs_naive_one": 0.90,   # no-op, default settings vs the naive one-job loop, 4 processes
+    "soak_of_burst": 0.80,          # sustained capacity over the full soak / the burst drain rate
+    "soak_vs_pgqueuer": 1.0,        # pgfence's sustained capacity / pgqueuer's
+    "history_cost_ratio": 1.10,     # claim and renewal with a large history / with none
+    "retention_s": 1.0,             # dropping one day's history partition
 }
 
 
@@ -118,6 +122,8 @@ def goals(series: dict[str, Series], metrics: dict) -> list[dict]:
     io = metrics.get("io")
     if io:
         out.extend(io_goals(series, io))
+    if metrics.get("soak"):
+        out.extend(soak_goals(metrics["soak"]))
     p = metrics.get("pickup")
     if p:
         goal("pickup latency p50", f"< {GOALS['pickup_p50_ms']:g} ms", p["p50_ms"], p["p50_ms"] < GOALS["pickup_p50_ms"],
@@ -196,6 +202,108 @@ def io_goals(series: dict[str, Series], io: dict) -> list[dict]:
     return out
 
 
+def soak_goals(soak: dict) -> list[dict]:
+    """The soak section's goals (see GOALS), reported, never asserted."""
+    out: list[dict] = []
+
+    def goal(name: str, target: str, measured: float, met: bool, detail: str, unit: str) -> None:
+        out.append({"goal": name, "target": target, "measured": measured, "unit": unit, "met": met,
+                    "detail": detail})
+
+    f, q = soak.get("pgfence", {}), soak.get("pgqueuer", {})
+    if "full" in f:
+        minutes = f["full"]["seconds"] / 60
+        share = f["sustained_of_burst"] or 0.0
+        goal(f"sustained capacity over {minutes:g} min vs the burst drain rate ({f['config']}, embedded server)",
+             f">= {GOALS['soak_of_burst']:.0%}", share, share >= GOALS["soak_of_burst"],
+             f"{_sustained(f)} / {f['burst_per_s']:,.0f}", "%")
+    if "full" in f and "full" in q and q.get("sustained_per_s"):
+        r = (f.get("sustained_per_s") or 0) / q["sustained_per_s"]
+        goal("sustained capacity vs pgqueuer's", f"> {GOALS['soak_vs_pgqueuer']:.2f}x", r,
+             r > GOALS["soak_vs_pgqueuer"], f"{_sustained(f)} / {_sustained(q)}", "x")
+    h = soak.get("history_cost")
+    if h:
+        for what in ("claim", "renew"):
+            r = h[f"{what}_ratio"]
+            label = "claim of one job" if what == "claim" else f"renewal of {h['leases']:,} leases"
+            goal(f"{label} with {h['rows']:,} finished jobs in history vs none",
+                 f"<= {GOALS['history_cost_ratio']:.2f}x", r, r <= GOALS["history_cost_ratio"],
+                 f"median {h[f'{what}_history_ms']:.3f} ms vs {h[f'{what}_empty_ms']:.3f} ms", "x")
+    ret = soak.get("retention")
+    if ret:
+        goal("retention: drop one day's history partition", f"< {GOALS['retention_s']:g} s", ret["seconds"],
+             ret["seconds"] < GOALS["retention_s"], f"{ret['rows']:,} rows", "s")
+    return out
+
+
+def _sustained(system: dict) -> str:
+    """A system's sustained capacity, or why there is none."""
+    if system.get("sustained_per_s"):
+        return f"{system['sustained_per_s']:,.0f}"
+    return f"none (not bounded at {system['chosen_rate']:,.0f})"
+
+
+def soak_markdown(soak: dict) -> list[str]:
+    """The soak section: capacities, the probes, the full runs by window,
+    and the history's cost."""
+    systems = [soak[k] for k in ("pgfence", "pgqueuer") if "full" in soak.get(k, {})]
+    if not systems:
+        return []
+    c = soak["criterion"]
+    lines = [f"#### soak: a steady offered rate on the embedded PostgreSQL {soak['server']['server_version']} "
+             "(autovacuum on)", "",
+             "| system | configuration | burst jobs/s (N) | probes: offered jobs/s, bounded? | full run | "
+             "sustained capacity | of burst |", "|---|---|---:|---|---|---:|---:|"]
+    for s in systems:
+        probes = "; ".join(f"{p['rate']:,} {'yes' if p['verdict']['bounded'] else 'no'}" for p in s["probes"])
+        full = s["full"]
+        share = f"{s['sustained_of_burst']:.0%}" if s["sustained_of_burst"] else "-"
+        lines.append(f"| {s['label']} | {s['config']} | {s['burst_per_s']:,.0f} ({s['burst_n']:,}) | {probes} | "
+                     f"{full['rate']:,}/s for {full['seconds'] / 60:g} min: "
+                     f"{'bounded' if full['verdict']['bounded'] else '**not bounded**'} | {_sustained(s)} | {share} |")
+    lines += ["", (f"Bounded: at the end at most {c['depth_seconds']:g} s of the offered rate is queued, the "
+                   f"queue depth's least-squares slope over the second half of the run is at most "
+                   f"{c['slope_share']:.0%} of the rate (or the queue ends under {c['small_seconds']:g} s of "
+                   "it), and the producer offered at least "
+                   f"{c['offered_share']:.0%} of it. Probes run both systems at the same rate, one after the "
+                   "other; the full run is the highest bounded probe rate. Sustained capacity: that rate, if "
+                   "the full run stayed bounded."), ""]
+    for s in systems:
+        full = s["full"]
+        lines += [f"{s['label']} at {full['rate']:,} jobs/s offered, per {full['window_s']:g} s window:", "",
+                  "| t s | offered/s | done/s | queue depth (end / max) | hot table MiB | history MiB | "
+                  "dead tuples (hot) | autovacuums | machine busy |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for w in full["windows"]:
+            lines.append(f"| {w['t_end_s']:,.0f} | {w['offered_per_s']:,.0f} | {w['done_per_s']:,.0f} | "
+                         f"{w['depth']:,} / {w['depth_max']:,} | {w['hot_mib']:,.1f} | "
+                         f"{'-' if w['history_mib'] is None else format(w['history_mib'], ',.1f')} | "
+                         f"{w['dead_tuples']:,} | {w['autovacuums']} | "
+                         f"{'-' if w.get('machine_busy') is None else format(w['machine_busy'], '.0%')} |")
+        lines.append("")
+    lines += [("Done in a window: jobs enqueued (the id sequence) less jobs live. Machine busy: the share of both "
+               "cores busy with anything, this run included (another workload on the machine shows as the "
+               "difference between runs). History: pgfence.job_history's "
+               "partitions summed where the schema has it (else finished jobs stay in the hot table, '-'); for "
+               "pgqueuer its log table, pgqueuer_log. Sizes include indexes and TOAST."), ""]
+    h, ret = soak.get("history_cost"), soak.get("retention")
+    if h:
+        lines += ["| measurement | result |", "|---|---|",
+                  (f"| claim one job, {h['rows']:,} finished jobs in {h['where']} vs none | median "
+                   f"{h['claim_history_ms']:.3f} ms vs {h['claim_empty_ms']:.3f} ms: {h['claim_ratio']:.2f}x "
+                   f"({h['claims']:,} claims each, interleaved) |"),
+                  (f"| renew {h['leases']:,} leases (`HeartbeatManager.run_once`), same databases | median "
+                   f"{h['renew_history_ms']:.1f} ms vs {h['renew_empty_ms']:.1f} ms: {h['renew_ratio']:.2f}x "
+                   f"({h['rounds']} rounds each, interleaved) |")]
+        if ret:
+            lines.append(f"| retention of a day's history: detach, then drop, {ret['partition']} | "
+                         f"{ret['seconds'] * 1000:,.0f} ms for {ret['rows']:,} rows (detach "
+                         f"{ret['detach_s'] * 1000:,.0f} ms, drop {ret['drop_s'] * 1000:,.0f} ms) |")
+        else:
+            lines.append("| retention of a day's history | - (no pgfence.job_history in this schema) |")
+        lines.append("")
+    return lines
+
+
 def io_markdown(report: dict) -> list[str]:
     """The io section's table: jobs/s, % of ideal, whole-pool USS and RSS."""
     tp, io = report["throughput"], report["metrics"].get("io")
@@ -250,7 +358,7 @@ def _num(value: float | None) -> str:
 
 def _measured(g: dict) -> str:
     v = g["measured"]
-    return {"x": f"{v:.2f}x", "%": f"{v:.1%}", "ms": f"{v:.1f} ms",
+    return {"x": f"{v:.2f}x", "%": f"{v:.1%}", "ms": f"{v:.1f} ms", "s": f"{v:.3f} s",
             "MiB": f"{v:.1f} MiB"}.get(g["unit"], f"{v:g} {g['unit']}")
 
 
@@ -288,6 +396,7 @@ def markdown(report: dict) -> str:
                          f"{_num(s['jobs_per_s_with_startup'])} | {ratio} | {cpu_text} | {s['reference']} |")
         lines += ["", LEGEND.format(cap=report["settings"]["cap_s"]), ""]
     lines += io_markdown(report)
+    lines += soak_markdown(report["metrics"].get("soak") or {})
     met = report["metrics"]
     rows = []
     if "pickup" in met:

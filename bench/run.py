@@ -37,7 +37,7 @@ import psycopg
 from harness import (
     BENCH,
     DISTURBED,
-    PGFENCE_PROBE,
+    PGQUEUER_PROBE,
     PREFIX,
     WORKLOAD_PIDS,
     PoolMemory,
@@ -47,6 +47,7 @@ from harness import (
     Run,
     Series,
     Server,
+    all_jobs,
     claim_params,
     cmdline,
     descendants,
@@ -56,32 +57,38 @@ from harness import (
     fill_pgfence,
     fold,
     free_port,
+    has_history,
     log,
     memory,
     percentile,
+    pgfence_probe,
     stop_process,
+    time_claims,
     wait_for,
 )
 from report import REFERENCE, goals, machine_facts, markdown
+from soak import Soak
+from soak_history import insert_history
 
 BENCH_PY = Path(sys.executable)
 SECTIONS = ("pgfence", "effect", "pgqueuer", "procrastinate", "naive", "pgbench", "io", "pickup", "heartbeat",
-            "claim", "memory", "profile")
+            "claim", "memory", "profile", "soak")
+#: Sections run only when --only names them: the soak section alone lasts
+#: over an hour at its defaults.
+OPT_IN = ("soak",)
+#: The soak section's settings: (default, --quick) for each option not given.
+SOAK_DEFAULTS = {"soak_minutes": (30.0, 1.0), "soak_probe_s": (120.0, 20.0), "soak_probes": (4, 3),
+                 "soak_window_s": (30.0, 10.0), "soak_probe_window_s": (10.0, 5.0),
+                 "soak_burst_n": (100_000, 20_000), "soak_history_rows": (10_000_000, 500_000)}
 #: The io section's variants: what each job does during its wait.
 IO_VARIANTS = {"sleep": "sleep", "http": "HTTP call", "row": "fenced row"}
 #: The io section's systems (--io-systems picks some); pgbench is the
 #: fenced-row goal's reference.
 IO_SYSTEMS = ("pgfence-threads", "pgfence-async", "pgbench", "pgqueuer", "procrastinate", "celery", "dramatiq")
 
-#: How the drains of pgqueuer and procrastinate are watched: jobs left, the
-#: first job taken, and (jobs done, first taken to last done) on the database
-#: clock, from each system's own tables.
-PGQUEUER_PROBE = Probe(
-    left="SELECT EXISTS (SELECT 1 FROM pgqueuer)",
-    started="SELECT EXISTS (SELECT 1 FROM pgqueuer_log WHERE status = 'picked')",
-    window="SELECT count(*) FILTER (WHERE status = 'successful'), "
-           "extract(epoch FROM max(created) FILTER (WHERE status = 'successful') "
-           "- min(created) FILTER (WHERE status = 'picked'))::float8 FROM pgqueuer_log")
+#: How procrastinate's drains are watched (pgfence's and pgqueuer's probes are
+#: in harness.py): jobs left, the first job taken, and (jobs done, first taken
+#: to last done) on the database clock, from its own tables.
 PROCRASTINATE_PROBE = Probe(
     left="SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))",
     started="SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status <> 'todo')",
@@ -100,6 +107,7 @@ class Bench:
         self.errors: dict[str, str] = {}
         self.logdir = Path(tempfile.mkdtemp(prefix="pgfence-bench-"))
         self.main_dsn = ""
+        self.probe: Probe | None = None
 
     # -- plumbing -------------------------------------------------------------
 
@@ -171,7 +179,7 @@ class Bench:
         try:
             return drain(self.main_dsn, n, self.args.cap,
                          lambda: [self.pgfence.run(self.main_dsn, workers, batch, self.logfile(name))],
-                         PGFENCE_PROBE, stop)
+                         self.probe, stop)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}; log: {self.tail(name)}") from None
 
@@ -249,7 +257,7 @@ class Bench:
                 return drain(self.main_dsn, n, a.cap,
                              lambda: [self.start_driver("naive_worker", self.main_dsn, str(batch),
                                                         name=f"naive-{batch}") for _ in range(processes)],
-                             PGFENCE_PROBE, self.wait_exit)
+                             self.probe, self.wait_exit)
 
             label = "one job per claim" if batch == 1 else f"{batch} jobs per claim"
             self.measure(key, "naive psycopg loop, no fence", f"{processes} processes, {label}", n, once)
@@ -301,7 +309,7 @@ class Bench:
             # Done: pgbench ends with its last transaction.  Capped: stopped now.
             self.wait_exit(procs, timeout=5.0)
 
-        run = drain(self.main_dsn, n, self.args.cap, start, PGFENCE_PROBE, stop)
+        run = drain(self.main_dsn, n, self.args.cap, start, self.probe, stop)
         text = out.read_text()
         tps = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", text)
         if tps:
@@ -383,7 +391,7 @@ class Bench:
                 stop_process(p, signal.SIGTERM)
 
         try:
-            return drain(self.main_dsn, n, self.args.cap, start, PGFENCE_PROBE, stop)
+            return drain(self.main_dsn, n, self.args.cap, start, self.probe, stop)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}; log: {self.tail(name)}") from None
 
@@ -560,10 +568,11 @@ class Bench:
                 for _ in range(count):
                     conn.execute("SELECT pgfence.enqueue('noop')")
                     time.sleep(gap * random.uniform(0.5, 1.5))
-                if not wait_for(lambda: not conn.execute(PGFENCE_PROBE.left).fetchone()[0], 30):
+                if not wait_for(lambda: not conn.execute(self.probe.left).fetchone()[0], 30):
                     raise RuntimeError("jobs were left unclaimed")
                 ms = sorted(r[0] for r in conn.execute(
-                    "SELECT extract(epoch FROM started_at - created_at)::float8 * 1000 FROM pgfence.all_jobs"))
+                    "SELECT extract(epoch FROM started_at - created_at)::float8 * 1000 FROM "
+                    + all_jobs(self.main_dsn)))
         finally:
             stop_process(proc, signal.SIGTERM)
         return {"jobs": len(ms), "gap_ms": gap * 1000, "options": " ".join(extra),
@@ -600,9 +609,7 @@ class Bench:
         for dsn in (empty, big):
             self.pgfence.migrate(dsn)
         log(f"claim cost: {a.finished_rows:,} finished rows")
-        execute(big, "INSERT INTO pgfence.job_history (kind, status, attempt, started_at, finished_at, created_at, run_at) "
-                     "SELECT 'noop', 'done', 1, t, t, t, t FROM (SELECT now() - interval '1 day' "
-                     f"+ i * interval '1 ms' AS t FROM generate_series(1, {int(a.finished_rows)}) AS i) s")
+        insert_history(big, a.finished_rows, has_history(big))
         claims, warmup = a.claims, 100
         for dsn in (empty, big):
             execute(dsn, f"INSERT INTO pgfence.jobs (kind) SELECT 'noop' FROM generate_series(1, {claims + warmup})",
@@ -612,7 +619,6 @@ class Bench:
         conns = {"empty": psycopg.connect(empty, autocommit=True, prepare_threshold=None),
                  "1m": psycopg.connect(big, autocommit=True, prepare_threshold=None)}
         plans: dict[str, list[str]] = {}
-        times: dict[str, list[float]] = {"empty": [], "1m": []}
         try:
             for label, conn in conns.items():
                 with conn.transaction(force_rollback=True):
@@ -620,17 +626,7 @@ class Bench:
                 plans[label] = sorted(set(re.findall(
                     r"((?:Seq|Index|Index Only|Bitmap Heap) Scan(?: using \w+)?) on jobs", plan)))
             log(f"claim cost: {claims:,} claims of one job on each table (after {warmup} warm-up), interleaved")
-            for i in range(claims + warmup):
-                for label in (("empty", "1m") if i % 2 == 0 else ("1m", "empty")):
-                    conn = conns[label]
-                    started = time.perf_counter()
-                    rows = conn.execute(claim, claim_params(1)).fetchall()
-                    elapsed = (time.perf_counter() - started) * 1000
-                    if len(rows) != 1:
-                        raise RuntimeError(f"a claim on the {label} table returned {len(rows)} rows")
-                    conn.execute(complete, {"id": rows[0][0], "attempt": rows[0][5]})
-                    if i >= warmup:
-                        times[label].append(elapsed)
+            times = time_claims(conns, claim, complete, claims, warmup)
         finally:
             for conn in conns.values():
                 conn.close()
@@ -654,7 +650,7 @@ class Bench:
                                    "--log-level", "WARNING"], self.logfile("memory"))
         try:
             with psycopg.connect(self.main_dsn, autocommit=True) as conn:
-                if not wait_for(lambda: not conn.execute(PGFENCE_PROBE.left).fetchone()[0], 60):
+                if not wait_for(lambda: not conn.execute(self.probe.left).fetchone()[0], 60):
                     raise RuntimeError(f"jobs were left; log: {self.tail('memory')}")
             time.sleep(2.0)
             procs = [{"pid": proc.pid, "role": "arbiter", "title": cmdline(proc.pid)[:80], **memory(proc.pid)}]
@@ -694,7 +690,7 @@ class Bench:
         proc = self.pgfence.run(self.main_dsn, workers, batch, self.logfile("profile"))
         try:
             with psycopg.connect(self.main_dsn, autocommit=True) as conn:
-                wait_for(lambda: conn.execute(PGFENCE_PROBE.started).fetchone()[0], 30, 0.01)
+                wait_for(lambda: conn.execute(self.probe.started).fetchone()[0], 30, 0.01)
             kids = [p for p in descendants(proc.pid) if "worker" in cmdline(p)]
             spy = subprocess.run([str(BENCH_PY.parent / "py-spy"), "record", "-p", str(kids[0]), "-d", "3",
                                   "-r", "250", "--idle", "--nonblocking", "-f", "raw", "-o", str(raw)],
@@ -706,6 +702,11 @@ class Bench:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / "profile.folded").write_text(raw.read_text())
         self.metrics["profile"] = {"config": f"--workers {workers} --batch {batch}", "n": n, **fold(raw.read_text())}
+
+    # -- soak: a steady offered rate on the embedded server ---------------------------------------
+
+    def bench_soak(self) -> None:
+        self.metrics["soak"] = Soak(self).run()
 
     # -- the whole run ---------------------------------------------------------------------------
 
@@ -721,6 +722,7 @@ class Bench:
         self.server.drop_leftovers()
         self.main_dsn = self.server.create("main")
         self.pgfence.migrate(self.main_dsn)
+        self.probe = pgfence_probe(self.main_dsn)
         try:
             for name in SECTIONS:
                 if name not in self.args.only:
@@ -832,8 +834,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quiet-timeout", type=float, default=120.0,
                    help="seconds each run waits at most for a quiet machine (default 120; 0 on a machine that is "
                         "never quiet: the runs are then marked disturbed, and only ratios within the run compare)")
-    p.add_argument("--only", default=",".join(SECTIONS),
-                   help=f"comma-separated sections to run (default: all of {','.join(SECTIONS)})")
+    # The soak options: --quick shortens those not given.
+    p.add_argument("--soak-minutes", type=float,
+                   help="the soak section's full run at the rate found, minutes (default 30; quick 1)")
+    p.add_argument("--soak-probe-s", type=float,
+                   help="each probe of the soak section's search for the sustained rate, seconds (default 120; "
+                        "quick 20)")
+    p.add_argument("--soak-probes", type=int, help="probes in that search (default 4; quick 3)")
+    p.add_argument("--soak-window-s", type=float, help="the full run's sampling window, s (default 30; quick 10)")
+    p.add_argument("--soak-probe-window-s", type=float, help="a probe's sampling window, s (default 10; quick 5)")
+    p.add_argument("--soak-burst-n", type=int, help="jobs drained for the burst figure (default 100,000; quick 20,000)")
+    p.add_argument("--soak-history-rows", type=int,
+                   help="simulated finished jobs for the claim and renewal cost vs history size (default "
+                        "10,000,000, quick 500,000; 100,000,000 for the issue's figure, about 60 GB on a schema "
+                        "that keeps finished jobs in pgfence.jobs)")
+    p.add_argument("--only", default=",".join(s for s in SECTIONS if s not in OPT_IN),
+                   help=f"comma-separated sections to run (default: all of {','.join(SECTIONS)} but "
+                        f"{','.join(OPT_IN)})")
     p.add_argument("--pgfence-configs", dest="configs",
                    help="pgfence no-op configurations as WORKERSxBATCH, comma-separated, batch 0 for no --batch "
                         "(default 4x0,2x1,4x1,2x50,4x50,2x100,4x100,2x200,4x200)")
@@ -857,6 +874,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.pgfence_configs = [(4, 0), (4, 1), (2, 100)]
         args.io_n = 600
         args.effect_batches = [1]
+    for name, (full, quick) in SOAK_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+        elif getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive")
     if args.configs:
         try:
             args.pgfence_configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]

@@ -4,11 +4,12 @@
 #
 #   bench/run.sh               # the full run (about 28 minutes on 2 cores)
 #   bench/run.sh --quick       # a smoke run: small N, one run each
+#   bench/run.sh --only soak   # the soak section (opt-in: about 85 minutes; --quick: about 6)
 #   bench/run.sh --help
 #
 # It makes bench/.venv (pgqueuer, procrastinate, Celery, Dramatiq, py-spy: never in the
 # project's own environment) and uses the project's .venv for pgfence itself,
-# creating it if it is missing.
+# creating it if it is missing (with the embedded PostgreSQL the soak section runs on).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
@@ -23,7 +24,7 @@ fi
 if [ ! -x "$root/.venv/bin/pgfence" ]; then
   echo "bench: installing pgfence into .venv" >&2
   "$PY" -m venv "$root/.venv"
-  "$root/.venv/bin/pip" install --quiet -e "$root"
+  "$root/.venv/bin/pip" install --quiet -e "$root[embedded]"
 fi
 export PGFENCE_BENCH_PROJECT_PYTHON="$root/.venv/bin/python"
 exec "$here/.venv/bin/python" "$here/run.py" "$@"

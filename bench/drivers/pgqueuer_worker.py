@@ -3,6 +3,10 @@
 
     python -m drivers.pgqueuer_worker setup DSN N [ENTRYPOINT]
     python -m drivers.pgqueuer_worker work DSN {apg|psy} BATCH [ENTRYPOINT [MAX_CONCURRENT_TASKS]]
+    python -m drivers.pgqueuer_worker serve DSN {apg|psy} BATCH
+
+work drains the queue and exits; serve (the soak section) runs the no-op
+entrypoint in pgqueuer's continuous mode until SIGTERM.
 
 ENTRYPOINT is ``noop`` (the default), or for the io section ``io_sleep``
 (``asyncio.sleep`` of ``PGFENCE_BENCH_IO_WAIT_MS``) or ``io_http`` (a GET to
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 
 from pgqueuer import PgQueuer
@@ -51,8 +56,10 @@ async def setup(dsn: str, n: int, entrypoint: str = ENTRYPOINT) -> None:
 
 
 async def work(dsn: str, driver: str, batch: int, entrypoint: str = ENTRYPOINT,
-               max_concurrent: int | None = None) -> None:
+               max_concurrent: int | None = None, mode: QueueExecutionMode = QueueExecutionMode.drain) -> None:
     pgq = PgQueuer(await connect(dsn, driver))
+    # SIGTERM ends a continuous run the way pgqueuer's own shutdown does.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, pgq.shutdown.set)
 
     if entrypoint == "noop":
         @pgq.entrypoint("noop")
@@ -72,21 +79,23 @@ async def work(dsn: str, driver: str, batch: int, entrypoint: str = ENTRYPOINT,
     else:
         raise SystemExit(f"unknown entrypoint {entrypoint!r}")
 
-    await pgq.run(batch_size=batch, mode=QueueExecutionMode.drain, max_concurrent_tasks=max_concurrent)
+    await pgq.run(batch_size=batch, mode=mode, max_concurrent_tasks=max_concurrent)
 
 
 def main(argv: list[str]) -> None:
     if argv[0] == "setup":
         asyncio.run(setup(argv[1], int(argv[2]), *argv[3:4]))
-    elif argv[0] == "work":
+    elif argv[0] in ("work", "serve"):
         entrypoint = argv[4] if len(argv) > 4 else ENTRYPOINT
         most = int(argv[5]) if len(argv) > 5 else None
+        mode = QueueExecutionMode.drain if argv[0] == "work" else QueueExecutionMode.continuous
+        coro = work(argv[1], argv[2], int(argv[3]), entrypoint, most, mode)
         try:
             import uvloop
         except ImportError:
-            asyncio.run(work(argv[1], argv[2], int(argv[3]), entrypoint, most))
+            asyncio.run(coro)
         else:
-            uvloop.run(work(argv[1], argv[2], int(argv[3]), entrypoint, most))
+            uvloop.run(coro)
     else:
         raise SystemExit(__doc__)
 
