@@ -273,13 +273,13 @@ class Bench:
                     "not_kinds": "NULL"}
         if batch == 1:
             select = ("SELECT coalesce(min(id), 0) AS id, coalesce(min(attempt), 0) AS attempt, count(*) AS n "
-                      "FROM claimed")
+                      "FROM bench_claimed")
         else:
             # Array literals as text: under -M prepared each :variable is
             # bound as a parameter, so no quoting.
             select = ("SELECT coalesce(array_agg(id), '{}')::text AS ids, "
                       "coalesce(array_agg(attempt), '{}')::text AS attempts, count(*) AS n "
-                      "FROM claimed")
+                      "FROM bench_claimed")
         values = {
             "claim": wrap_returning(substitute(queries["claim"], literals), select) + " \\gset",
             "complete": substitute(queries["complete"], {"id": ":id", "attempt": ":attempt"}),
@@ -769,12 +769,13 @@ def substitute(sql: str, values: dict[str, str]) -> str:
 
 def wrap_returning(sql: str, select: str) -> str:
     """Turn ``[WITH ...] UPDATE ... RETURNING ...`` into a statement whose one
-    row (``select`` over a CTE named ``claimed``) pgbench can \\gset.  A WITH
+    row (``select`` over a CTE named ``bench_claimed``, a name the claim's
+    own CTEs do not use) pgbench can \\gset.  A WITH
     that holds a data-modifying statement must be top-level, so the
     statement's own CTEs are kept and it joins them as one more."""
     text = sql.strip().rstrip(";")
     if not re.match(r"(?is)^with\s", text):
-        return f"WITH claimed AS (\n{text}\n)\n{select}"
+        return f"WITH bench_claimed AS (\n{text}\n)\n{select}"
     depth, i, main = 0, 4, None
     while i < len(text):
         ch = text[i]
@@ -793,7 +794,7 @@ def wrap_returning(sql: str, select: str) -> str:
         i += 1
     if main is None:
         raise ValueError("cannot find the claim's main statement")
-    return f"{text[:main]},\nclaimed AS (\n{text[main:].strip()}\n)\n{select}"
+    return f"{text[:main]},\nbench_claimed AS (\n{text[main:].strip()}\n)\n{select}"
 
 
 # -- command line --------------------------------------------------------------------------------
