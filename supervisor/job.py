@@ -29,7 +29,7 @@ from pgfence.observe import metrics
 from pgfence.store import sqltext
 from pgfence.errors import LeaseLost, NotCommitted, TransactionConflict
 from pgfence.worker.lease import Lease
-from pgfence.store import jobs, pools, renewals
+from pgfence.store import jobs, pools
 
 
 def idempotency_key(job_id: int) -> str:
@@ -170,19 +170,15 @@ class Job(JobBase):
 
     conn: psycopg.Connection[Any] | None
     pool: ConnectionPool | None
-    #: Whether ``conn`` plans pgfence's statements generically, so that a
-    #: ``fenced()`` block first asks for the server's own planning.
-    handler_plans: bool
 
     def __init__(self, id: int, kind: str, queue: str, attempt: int, payload: Any, lease: Lease,
                  max_attempts: int = 1, dedupe_key: str | None = None, *,
                  conn: psycopg.Connection[Any] | None = None, pool: ConnectionPool | None = None,
-                 fence: bool = True, completed: bool = False, handler_plans: bool = False) -> None:
+                 fence: bool = True, completed: bool = False) -> None:
         super().__init__(id, kind, queue, attempt, payload, lease, max_attempts, dedupe_key, fence=fence,
                          completed=completed)
         self.conn = conn
         self.pool = pool
-        self.handler_plans = handler_plans and pool is None
 
     @contextlib.contextmanager
     def borrow(self) -> Iterator[psycopg.Connection[Any]]:
@@ -224,8 +220,6 @@ class Job(JobBase):
                 return
             try:
                 with db.translated(), conn.transaction():
-                    if self.handler_plans:
-                        renewals.handler_plans(conn)
                     yield conn
                     self._complete_in_transaction(conn)
             except TransactionConflict as exc:
@@ -249,8 +243,6 @@ class Job(JobBase):
         # server-side.  Transaction() still guards the block: conn.commit()
         # inside it raises, and a nested transaction() is a savepoint.
         with self._raising_fence(conn), conn.pipeline(), psycopg.Transaction(conn):
-            if self.handler_plans:
-                renewals.handler_plans(conn)
             yield conn
             conn.execute(*self._raising_completion())
 

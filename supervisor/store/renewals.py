@@ -19,26 +19,9 @@ def session_settings(conn: psycopg.Connection, idle_ms: str) -> None:
     conn.execute(q("session_settings"), {"idle_ms": idle_ms})
 
 
-def generic_plans(conn: psycopg.Connection) -> None:
-    """For the rest of the session: prepared statements planned once,
-    generically (see sql/queries/session.sql)."""
-    conn.execute(q("generic_plans"))
-
-
 async def session_settings_async(conn: psycopg.AsyncConnection, idle_ms: str) -> None:
     """:func:`session_settings` on an async connection."""
     await conn.execute(q("session_settings"), {"idle_ms": idle_ms})
-
-
-async def generic_plans_async(conn: psycopg.AsyncConnection) -> None:
-    """:func:`generic_plans` on an async connection."""
-    await conn.execute(q("generic_plans"))
-
-
-def handler_plans(conn: psycopg.Connection) -> None:
-    """In the caller's transaction, on a session that plans generically:
-    the rest of the transaction planned as the server's setting says."""
-    conn.execute(q("handler_plans"))
 
 
 def renewal_settings(conn: psycopg.Connection, *, statement_ms: str, idle_ms: str) -> None:

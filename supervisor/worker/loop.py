@@ -155,11 +155,6 @@ class Worker:
             # hold its rows' locks for ever (see session_settings).
             with db.translated(self.dsn):
                 renewals.session_settings(conn, self.settings.idle_in_transaction_ms)
-                # pgfence's statements planned once, generically; the
-                # handlers' fenced() blocks on this session are not (see
-                # Job.fenced).
-                if self.settings.prepare:
-                    renewals.generic_plans(conn)
             # Listen before the first claim, so that no enqueue can fall
             # between a claim that found nothing and the LISTEN.  Behind a
             # transaction-pooling PgBouncer there is no session to listen
@@ -262,8 +257,7 @@ class Worker:
         """The Job a handler receives for a claimed row; it writes on this
         worker's connection."""
         return Job(row.id, row.kind, row.queue, row.attempt, RawJSON(row.payload), lease, row.max_attempts,
-                   row.dedupe_key, conn=self.conn, fence=self.settings.fence,
-                   handler_plans=self.settings.prepare)
+                   row.dedupe_key, conn=self.conn, fence=self.settings.fence)
 
     @contextlib.contextmanager
     def _conn_for(self, job: JobBase) -> Iterator[psycopg.Connection]:

@@ -202,12 +202,8 @@ class LoopClaims:
         conn = await db.connect_async(worker.dsn, application_name=f"pgfence worker {worker.name}",
                                       prepare=worker.settings.prepare)
         with db.translated(worker.dsn):
-            # As the worker's own connection: an idle-in-transaction timeout,
-            # and plans made once (this session runs pgfence's statements
-            # alone).
+            # As the worker's own connection: an idle-in-transaction timeout.
             await renewals.session_settings_async(conn, worker.settings.idle_in_transaction_ms)
-            if worker.settings.prepare:
-                await renewals.generic_plans_async(conn)
         return conn
 
     async def close(self, timeout: float) -> None:
