@@ -621,6 +621,30 @@ def test_unreachable_dsn_loses_the_lease_by_its_deadline(listener, managers):
         server.close()
 
 
+def test_a_deadline_passing_while_a_renewal_waits_for_its_answer_is_renewal_failed(managers):
+    """The round was sent and no answer has come (a database that accepts TCP
+    and never speaks): whoever notices the deadline first, the heartbeat's
+    watcher or the holder's own check(), must call it renewal_failed.  The
+    reason used to be decided by a race: a check() a few milliseconds before
+    the watcher said "expired" (CI failed on it once)."""
+    queue, kind, length = "hb-in-flight", "effect", 30.0
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        manager = managers(f"postgresql://postgres@127.0.0.1:{server.getsockname()[1]}/pgfence",
+                           default_lease=length)
+        lease = Lease(1, 1, length, queue, kind, deadline=time.monotonic() + length)
+        manager.track(lease)
+        assert lease.expiry_reason() == "expired"      # nothing sent yet
+        manager.start()
+        # The round waits for a connection that never completes; the lease
+        # stays held (its deadline is 30 s away) and its reason is settled.
+        wait_for(lambda: lease.failing, timeout=5, message="the round in flight marks its leases")
+        assert lease.lost_reason is None
+        assert lease.expiry_reason() == "renewal_failed"
+    finally:
+        server.close()
+
+
 def test_renewal_looks_leases_up_by_primary_key_even_with_stale_statistics(conn):
     """Right after a bulk enqueue the statistics say no job is running; the
     renewal must still find its leases through the primary key, not by

@@ -327,6 +327,12 @@ class HeartbeatManager:
         network never delivers.  The leases must still be given up on time.
         """
         stop = threading.Event()
+        # A renewal is in flight for each of them from now until it is
+        # accepted: a deadline that passes meanwhile passed because the
+        # database did not answer in time (renewal_failed), whoever notices
+        # it first, this watcher or the holder's own check().
+        for lease in leases:
+            lease.failing = True
 
         def watch() -> None:
             while True:

@@ -40,9 +40,9 @@ class Lease:
     #: keeps copies of its children's leases with this off, so that each
     #: loss is counted once, by the worker that learns it.
     count: bool = True
-    #: A renewal of this lease failed (the database did not answer) since
-    #: its last success: a deadline passed now is ``renewal_failed``, not
-    #: merely ``expired``.
+    #: A renewal of this lease was sent and has not been accepted (it failed,
+    #: or its answer has not come yet): a deadline passed now is
+    #: ``renewal_failed``, not merely ``expired``.
     failing: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
