@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     )
     from pgfence.job import Job
     from pgfence.producer import enqueue
-    from pgfence.registry import handler
+    from pgfence.registry import handler, periodic
 
     #: The installed distribution's version.
     __version__: str
@@ -51,6 +51,7 @@ _EXPORTS = {
     "Job": "job",
     "enqueue": "producer",
     "handler": "registry",
+    "periodic": "registry",
 }
 
 # A literal list, so that type checkers read it as the package's exports.
@@ -70,6 +71,7 @@ __all__ = [
     "__version__",
     "enqueue",
     "handler",
+    "periodic",
 ]
 
 

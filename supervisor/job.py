@@ -15,6 +15,7 @@ is completed (fenced) by the worker when it returns.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import urllib.parse
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from pgfence.store import db
 from pgfence.observe import metrics
 from pgfence.store import sqltext
 from pgfence.errors import LeaseLost, NotCommitted, TransactionConflict
+from pgfence.periodic.schedule import parse_tick_key
 from pgfence.worker.lease import Lease
 from pgfence.store import jobs, pools
 
@@ -120,8 +122,27 @@ class JobBase:
     @property
     def idempotency_key(self) -> str:
         """``pgfence:job:<id>``: the same for every attempt of this job, and
-        shared with no other job."""
+        shared with no other job.  The job of a periodic tick has
+        ``pgfence:periodic:<schedule>:<tick>`` instead: derived from the
+        schedule and the tick, so that one tick's effects happen once
+        whatever runs it."""
+        if self.scheduled_for is not None:
+            assert self.dedupe_key is not None
+            return self.dedupe_key
         return idempotency_key(self.id)
+
+    @property
+    def scheduled_for(self) -> datetime.datetime | None:
+        """The tick (UTC) a periodic job was enqueued for; None for a job
+        that no schedule enqueued."""
+        tick = parse_tick_key(self.dedupe_key)
+        return None if tick is None else tick[1]
+
+    @property
+    def schedule(self) -> str | None:
+        """The name of the schedule that enqueued this job, or None."""
+        tick = parse_tick_key(self.dedupe_key)
+        return None if tick is None else tick[0]
 
     @property
     def dedupe_idempotency_key(self) -> str | None:

@@ -20,6 +20,7 @@ from typing import Any, TypeAlias
 import psycopg
 from psycopg.types.json import Jsonb
 
+from pgfence.periodic.schedule import TICK_KEY_PREFIX
 from pgfence.store import db
 from pgfence import names
 from pgfence import registry
@@ -59,6 +60,8 @@ def enqueue(
     names.check(kind, "kind")
     if queue is not None:
         names.check(queue, "queue")
+    if dedupe_key is not None and dedupe_key.startswith(TICK_KEY_PREFIX):
+        raise ConfigError(f"invalid dedupe key: {TICK_KEY_PREFIX!r} is reserved for the jobs of schedules")
     if delay is not None and run_at is not None:
         raise ConfigError("give delay or run_at, not both")
     if delay is not None and delay < 0:

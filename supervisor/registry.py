@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pgfence import bounds, names
 from pgfence.errors import ConfigError, HandlerImportError, UnknownHandler
+from pgfence.periodic.schedule import CATCH_UP_WINDOW, Schedule
 
 if TYPE_CHECKING:
     # Only for annotations: importing pgfence.job at run time would import
@@ -60,6 +61,8 @@ class HandlerSpec:
 
 
 _REGISTRY: dict[str, HandlerSpec] = {}
+#: Schedules declared in code (``@handler(cron=...)``, :func:`periodic`), by name.
+_SCHEDULES: dict[str, Schedule] = {}
 
 
 def handler(
@@ -70,9 +73,20 @@ def handler(
     timeout: float | None = None,
     max_attempts: int | None = None,
     max_reclaims: int | None = None,
+    cron: str | None = None,
+    every: float | None = None,
+    tz: str = "UTC",
+    payload: object = None,
+    overlap: str = "skip",
+    catch_up: str = "latest",
+    catch_up_window: float = CATCH_UP_WINDOW,
 ) -> Callable[[H], H]:
     """Register the decorated function as the handler of jobs of ``kind``
-    and return it unchanged."""
+    and return it unchanged.
+
+    With ``cron`` (an expression in ``tz``) or ``every`` (seconds, at least
+    one), jobs of ``kind`` are also enqueued periodically, with ``payload``,
+    by a schedule named after the kind (see :func:`periodic`)."""
     if not kind or not isinstance(kind, str):
         raise ConfigError("a handler needs a non-empty kind")
     names.check(kind, "kind")
@@ -97,7 +111,53 @@ def handler(
                                       is_async=is_async(func))
         return func
 
+    if cron is not None or every is not None:
+        periodic(kind, kind, cron=cron, every=every, tz=tz, payload=payload, overlap=overlap, catch_up=catch_up,
+                 catch_up_window=catch_up_window)
+
     return register
+
+
+def periodic(
+    name: str,
+    kind: str,
+    *,
+    cron: str | None = None,
+    every: float | None = None,
+    tz: str = "UTC",
+    payload: object = None,
+    queue: str | None = None,
+    overlap: str = "skip",
+    catch_up: str = "latest",
+    catch_up_window: float = CATCH_UP_WINDOW,
+) -> Schedule:
+    """Declare a schedule: a job of ``kind`` with ``payload`` at each tick of
+    ``cron`` (in ``tz``) or ``every`` seconds, on ``queue`` (None: the kind's).
+
+    ``overlap``: ``skip`` (a tick whose previous run is still queued or
+    running is recorded as skipped), ``allow`` or ``queue`` (runs after the
+    previous one ends).  ``catch_up`` after a time no supervisor ran:
+    ``latest`` (the most recent missed tick, once), ``none``, or ``all``
+    (those within ``catch_up_window`` seconds).  An invalid expression,
+    time zone or option raises ConfigError at once (``pgfence run`` prints
+    one line and exits 2)."""
+    schedule = Schedule(name, kind, cron=cron, every=float(every) if isinstance(every, int) and not
+                        isinstance(every, bool) else every, tz=tz, payload=payload,  # type: ignore[arg-type]
+                        queue=queue, overlap=overlap, catch_up=catch_up, catch_up_window=catch_up_window)
+    _SCHEDULES[name] = schedule
+    return schedule
+
+
+def schedules() -> list[Schedule]:
+    """The schedules declared in code, by name."""
+    return [_SCHEDULES[n] for n in sorted(_SCHEDULES)]
+
+
+def forget_schedules() -> None:
+    """Drop the schedules declared in code (before handler modules are
+    imported again on reload: one removed from them must enqueue nothing
+    more)."""
+    _SCHEDULES.clear()
 
 
 def is_async(func: Callable[..., object]) -> bool:

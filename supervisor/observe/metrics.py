@@ -90,6 +90,25 @@ SELF_VACUUMS = Counter("pgfence_self_vacuums",
                        "pgfence's own VACUUMs of pgfence.jobs, by result (done, held: dead rows stayed, skipped: "
                        "the table was being vacuumed).", ["result"])
 
+# Periodic jobs (pgfence.periodic): counted by the supervisor whose
+# scheduler decided the tick (each tick is decided once, by one of them).
+PERIODIC_TICKS = Counter("pgfence_periodic_ticks",
+                         "Ticks of a schedule decided, by outcome: enqueued, skipped (its previous run was still "
+                         "queued or running), queued (behind its previous run), missed (no scheduler ran at "
+                         "its time, and catch_up left it out).", ["schedule", "outcome"])
+PERIODIC_LAG = Histogram("pgfence_periodic_lag_seconds",
+                         "From a tick's time to its job's enqueue, on the database clock.", ["schedule"],
+                         buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0))
+PERIODIC_LAST_RUN_FAILED = Gauge("pgfence_periodic_last_run_failed",
+                                 "1 if the job of the schedule's last enqueued tick ended failed, else 0.",
+                                 ["schedule"], multiprocess_mode="livemax")
+PERIODIC_CLOCK_SKEW = Gauge("pgfence_periodic_host_clock_skew_seconds",
+                            "The host's clock minus the database's, as the scheduler last read them (ticks "
+                            "follow the database's clock alone).", multiprocess_mode="livemax")
+
+#: The outcomes of a tick, as used in the ``outcome`` label.
+PERIODIC_OUTCOMES = ("enqueued", "skipped", "queued", "missed")
+
 #: The results of pgfence's own VACUUM, as used in the ``result`` label.
 SELF_VACUUM_RESULTS = ("done", "held", "skipped")
 
@@ -119,6 +138,14 @@ def initialise(queues: list[str] | tuple[str, ...], kinds: list[str]) -> None:
         CHILDREN_RECYCLED.labels(reason)
     for result in SELF_VACUUM_RESULTS:
         SELF_VACUUMS.labels(result)
+
+
+def initialise_schedules(names: list[str]) -> None:
+    """Create the periodic counters at 0 for the schedules declared."""
+    for name in names:
+        for outcome in PERIODIC_OUTCOMES:
+            PERIODIC_TICKS.labels(name, outcome)
+        PERIODIC_LAST_RUN_FAILED.labels(name).set(0)
 
 
 @functools.cache
