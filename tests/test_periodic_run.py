@@ -42,7 +42,7 @@ import pytest
 from metricstools import free_port, http_get, samples
 from periodic_handlers import RUNS_TABLE
 from pgtools import env_for, pgfence, scalar, spawn, wait_for
-from pgfence.periodic.schedule import TICK_KEY_PREFIX, Schedule, tick_key
+from pgfence.scheduling.schedule import TICK_KEY_PREFIX, Schedule, tick_key
 
 HANDLERS_MODULE = "pgfence_periodic_test_schedules"
 SECOND = dt.timedelta(seconds=1)
@@ -290,12 +290,10 @@ def test_three_supervisors_enqueue_every_tick_exactly_once(conn, tmp_path, super
     keys = [j.dedupe_key for j in found.values()]
     assert len(keys) == len(set(keys)), "a tick enqueued twice"
 
-    if any(offsets):
-        for sup, offset in zip(sups, offsets, strict=True):
-            if offset:
-                skew = wait_for(lambda sup=sup: metric(sup.metrics(), "pgfence_periodic_host_clock_skew_seconds"),
-                                timeout=10, message="the skew gauge")
-                assert len(skew) == 1 and abs(skew[0] - offset) < 2, (offset, skew)
+    # Each skewed supervisor's gauge shows its host clock minus the database's.
+    skews = {offset: metric(sup.metrics(), "pgfence_periodic_host_clock_skew_seconds")
+             for sup, offset in zip(sups, offsets, strict=True) if offset}
+    assert all(len(skew) == 1 and abs(skew[0] - offset) < 2 for offset, skew in skews.items()), skews
     for sup in sups:
         assert sup.stop() == 0
     no_problems(*sups)
@@ -481,8 +479,8 @@ def test_catch_up_after_every_supervisor_stopped(conn, tmp_path, supervisors):
         return moved if len(moved) == len(names) else None
 
     first = again.wait(lambda: first_round(), 30, "the first round after the restart")
-    # One round decided all three schedules (one transaction, one clock).
-    assert len(set(first.values())) == 1, first
+    # One round decided all three schedules (one transaction).
+    assert max(first.values()) - min(first.values()) < SECOND, first
     caught = {n: grid(4, stopped[n]["checked_until"], first[n]) for n in names}
     assert all(len(gap) >= 5 for gap in caught.values()), caught
     assert all(first[n] > restarted for n in names)
