@@ -121,6 +121,10 @@ class Scheduler:
         conn = self._connection()
         if not self._declared:
             self.declare()
+        # The last runs' statuses before this round enqueues: read after it,
+        # the job of a tick just enqueued is always still queued.
+        if time.monotonic() - self._last_runs_at >= LAST_RUN_INTERVAL:
+            self._refresh_last_runs(conn)
         result = Round()
         queued_waiting = False
         with db.translated(self.dsn):
@@ -137,8 +141,6 @@ class Scheduler:
         metrics.PERIODIC_CLOCK_SKEW.set(host - now.timestamp())
         self._count(result)
         self.rounds += 1
-        if time.monotonic() - self._last_runs_at >= LAST_RUN_INTERVAL:
-            self._refresh_last_runs(conn)
         # The next round: the earliest next tick on the database's clock,
         # waited for on the monotonic one.
         wait = min(MAX_WAIT, QUEUED_WAIT if queued_waiting else MAX_WAIT)
@@ -202,7 +204,11 @@ class Scheduler:
         with db.translated(self.dsn):
             statuses = ticks.last_runs(conn, self.names)
         for name in self.names:
-            metrics.PERIODIC_LAST_RUN_FAILED.labels(name).set(1 if statuses.get(name) == "failed" else 0)
+            status = statuses.get(name)
+            # A run still queued or running has not ended: the gauge keeps
+            # what the previous one said.
+            if status in (None, "done", "failed", "cancelled"):
+                metrics.PERIODIC_LAST_RUN_FAILED.labels(name).set(1 if status == "failed" else 0)
         self._last_runs_at = time.monotonic()
 
     # -- the thread -----------------------------------------------------------
