@@ -36,6 +36,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "graceful_timeout": (0.01, DAY),
     "lost_lease_kill_after": (0.01, HOUR),
     "vacuum_warn_horizon": (1.0, 30 * DAY),
+    "periodic_grace": (1.0, DAY),
 }
 
 

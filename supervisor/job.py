@@ -29,7 +29,7 @@ from pgfence.store import db
 from pgfence.observe import metrics
 from pgfence.store import sqltext
 from pgfence.errors import LeaseLost, NotCommitted, TransactionConflict
-from pgfence.periodic.schedule import parse_tick_key
+from pgfence.scheduling.schedule import parse_tick_key
 from pgfence.worker.lease import Lease
 from pgfence.store import jobs, pools
 

@@ -20,7 +20,7 @@ from typing import Any, TypeAlias
 import psycopg
 from psycopg.types.json import Jsonb
 
-from pgfence.periodic.schedule import TICK_KEY_PREFIX
+from pgfence.scheduling.schedule import TICK_KEY_PREFIX
 from pgfence.store import db
 from pgfence import names
 from pgfence import registry

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pgfence import bounds, names
 from pgfence.errors import ConfigError, HandlerImportError, UnknownHandler
-from pgfence.periodic.schedule import CATCH_UP_WINDOW, Schedule
+from pgfence.scheduling.schedule import CATCH_UP_WINDOW, Schedule
 
 if TYPE_CHECKING:
     # Only for annotations: importing pgfence.job at run time would import
@@ -141,8 +141,7 @@ def periodic(
     (those within ``catch_up_window`` seconds).  An invalid expression,
     time zone or option raises ConfigError at once (``pgfence run`` prints
     one line and exits 2)."""
-    schedule = Schedule(name, kind, cron=cron, every=float(every) if isinstance(every, int) and not
-                        isinstance(every, bool) else every, tz=tz, payload=payload,  # type: ignore[arg-type]
+    schedule = Schedule(name, kind, cron=cron, every=every, tz=tz, payload=payload,  # type: ignore[arg-type]
                         queue=queue, overlap=overlap, catch_up=catch_up, catch_up_window=catch_up_window)
     _SCHEDULES[name] = schedule
     return schedule

@@ -18,11 +18,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import json
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgfence.scheduling.schedule import Schedule
 from pgfence import bounds
 from pgfence import names
 from pgfence.errors import ConfigError
@@ -130,6 +132,51 @@ def optional(convert: Converter) -> Converter:
 
 
 optional_duration = optional(duration)
+
+
+_SCHEDULE_KEYS = ("name", "kind", "cron", "every", "tz", "payload", "queue", "overlap", "catch_up", "catch_up_window")
+
+
+def schedules(label: str, value: Any) -> tuple[Schedule, ...]:
+    """Schedules: an array of TOML tables (``[[periodic]]``), or the same as
+    a JSON array of objects (in the environment), each with ``name``,
+    ``kind``, ``cron`` or ``every`` and the options of ``pgfence.periodic``."""
+    if _is_none(value):
+        return ()
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ConfigError(f"invalid {label}: expected a JSON array of schedules: {exc}") from None
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"invalid {label}: expected an array of tables ([[periodic]]), got {value!r:.80}")
+    out: list[Schedule] = []
+    for index, table in enumerate(value):
+        where = f"{label} #{index + 1}"
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"invalid {where}: expected a table, got {table!r:.80}")
+        unknown = sorted(set(table) - set(_SCHEDULE_KEYS))
+        if unknown:
+            raise ConfigError(f"invalid {where}: unknown key {unknown[0]!r} (known: {', '.join(_SCHEDULE_KEYS)})")
+        for key in ("name", "kind"):
+            if not isinstance(table.get(key), str) or not table.get(key):
+                raise ConfigError(f"invalid {where}: {key} is required")
+        options = dict(table)
+        if options.get("every") is not None:
+            options["every"] = parse_duration(f"every of schedule {table['name']!r}", options["every"])
+        if options.get("catch_up_window") is not None:
+            options["catch_up_window"] = parse_duration(f"catch_up_window of schedule {table['name']!r}",
+                                                        options["catch_up_window"])
+        for key in ("cron", "tz", "queue", "overlap", "catch_up"):
+            if key in options and not isinstance(options[key], str):
+                raise ConfigError(f"invalid {where}: {key} must be text, got {options[key]!r:.80}")
+        out.append(Schedule(**options))
+    seen: set[str] = set()
+    for schedule in out:
+        if schedule.name in seen:
+            raise ConfigError(f"invalid {label}: schedule {schedule.name!r} is declared twice")
+        seen.add(schedule.name)
+    return tuple(out)
 
 
 # -- the declaration ----------------------------------------------------------------
@@ -350,6 +397,20 @@ class Settings:
         doc="the heartbeat manager runs a plain `VACUUM` of pgfence.jobs when it holds this many dead row versions "
             "(autovacuum off, or lagging), at most every 15 s; needs the table's owner, the database's owner or "
             "(PostgreSQL 17) the MAINTAIN privilege, else it warns once and does nothing; none: never",
+        commands=("run",))
+    # Periodic jobs (see "Periodic jobs" in the README).
+    periodic: tuple[Schedule, ...] = setting(
+        (), schedules, "schedules of periodic jobs, as [[periodic]] tables in the settings file",
+        doc="schedules of periodic jobs besides those declared in code: `[[periodic]]` tables in the settings "
+            "file (or a JSON array in `PGFENCE_PERIODIC`), each with `name`, `kind`, `cron` (with `tz`) or "
+            "`every`, and optionally `payload`, `queue`, `overlap`, `catch_up`, `catch_up_window`; see "
+            "\"Periodic jobs\"",
+        shown="none", commands=())
+    periodic_grace: float = setting(
+        10.0, duration, "a scheduler that finds ticks undecided for longer than this catches them up as missed",
+        doc="a scheduler round that finds a schedule's ticks undecided for longer than this (no supervisor ran) "
+            "treats them as missed, and enqueues what the schedule's `catch_up` says; within it, every tick is "
+            "enqueued (a late round is not downtime)",
         commands=("run",))
     # Off behind a transaction-pooling PgBouncer, where workers poll every
     # poll_interval instead.

@@ -24,6 +24,8 @@ ALERTS = {
     "PgfenceHeartbeatSlow",
     "PgfenceVacuumBehind",
     "PgfenceXminHorizonHeld",
+    "PgfencePeriodicMissedTicks",
+    "PgfencePeriodicLastRunFailed",
 }
 
 

@@ -39,6 +39,7 @@ from pgfence import registry
 from pgfence.errors import ConfigError
 from pgfence.observe import metrics
 from pgfence.observe import server as metrics_server
+from pgfence.scheduling.declared import declared, warn_unserved
 from pgfence.prefork import child, proctitle
 from pgfence.prefork.helper import MAX_BOOT_FAILURES, METRICS_UP_AFTER, HelperProcess, boot_backoff, kill
 from pgfence.prefork.sdnotify import SystemdReporter
@@ -149,6 +150,7 @@ class Arbiter:
         self.metrics_sock = metrics_sock
         self.systemd = SystemdReporter()
         validate_heartbeat(settings.heartbeat, registry.specs())
+        warn_unserved(declared(settings))   # a schedule declared twice is refused here, at start
         self.dsn = dsn
         self.settings = settings
         #: In every child's name: tells this supervisor's children from
@@ -257,6 +259,23 @@ class Arbiter:
     # -- lifecycle verbs -----------------------------------------------------------
 
     def reload(self) -> None:
+        # Schedules declared in code are declared again by the modules' new
+        # import: one removed from them must enqueue nothing more.  If the
+        # reload fails, the running ones stay.
+        schedules = registry.schedules()
+        registry.forget_schedules()
+        try:
+            self._reload()
+        except BaseException:
+            registry.forget_schedules()
+            for schedule in schedules:
+                registry.periodic(schedule.name, schedule.kind, cron=schedule.cron, every=schedule.every,
+                                  tz=schedule.tz, payload=schedule.payload, queue=schedule.queue,
+                                  overlap=schedule.overlap, catch_up=schedule.catch_up,
+                                  catch_up_window=schedule.catch_up_window)
+            raise
+
+    def _reload(self) -> None:
         for name in self.settings.handlers:
             module = sys.modules.get(name)
             try:
@@ -264,12 +283,17 @@ class Arbiter:
                     importlib.reload(module)
                 else:
                     registry.load([name])
+            except ConfigError as exc:
+                raise ConfigError(f"cannot re-import handler module {name!r}: {exc}") from None
             except Exception as exc:  # noqa: BLE001 - any import error
                 raise ConfigError(f"cannot re-import handler module {name!r}: {type(exc).__name__}: {exc}") from None
+        settings = self.settings
         if self.reload_settings is not None:
             settings = self.reload_settings()
             registry.load(settings.handlers)
             validate_heartbeat(settings.heartbeat, registry.specs())
+        warn_unserved(declared(settings))
+        if self.reload_settings is not None:
             # The table was sized at start: a reload cannot grow what a
             # child may hold beyond it.
             njobs = self.table.njobs

@@ -25,6 +25,8 @@ from pgfence.observe import metrics
 from pgfence.prefork import proctitle
 from pgfence import registry
 from pgfence.backoff import Backoff
+from pgfence.scheduling.declared import declared
+from pgfence.scheduling.scheduler import Scheduler
 from pgfence.renewal.renewer import HeartbeatManager, renew_period
 from pgfence.worker.lease import Lease
 from pgfence.worker.vacuum import SelfVacuum
@@ -203,6 +205,12 @@ def main(dsn: str, settings: Settings, table: SlotTable, liveness: float, instan
     vacuum = SelfVacuum(dsn, settings.self_vacuum_dead_tuples) if settings.self_vacuum_dead_tuples else None
     if vacuum is not None:
         vacuum.start()
+    # The schedules of periodic jobs this supervisor declares, ticked on a
+    # thread and a connection of their own (see pgfence.scheduling.scheduler).
+    schedules = declared(settings)
+    scheduler = Scheduler(dsn, schedules, grace=settings.periodic_grace) if schedules else None
+    if scheduler is not None:
+        scheduler.start()
     next_at = time.monotonic()
     try:
         while not stop:
@@ -226,6 +234,8 @@ def main(dsn: str, settings: Settings, table: SlotTable, liveness: float, instan
                 os.read(wake_r, 512)
         process.release_orphans()
     finally:
+        if scheduler is not None:
+            scheduler.stop()
         if vacuum is not None:
             vacuum.stop()
         process.manager.stop()

@@ -1,4 +1,4 @@
-"""Periodic jobs: schedules declared in code or settings, and the scheduler
+"""Periodic jobs (``pgfence.periodic()`` declares one): schedules declared in code or settings, and the scheduler
 that enqueues each of their ticks exactly once across every supervisor.
 
 - :mod:`.schedule`: a schedule and its ticks (pure; cron through cronsim);

@@ -93,8 +93,8 @@ class Schedule:
         from cronsim import CronSim
 
         assert self.cron is not None
-        for at in CronSim(self.cron, after.astimezone(self.zone)):
-            at_utc = at.astimezone(UTC)
+        for fired in CronSim(self.cron, after.astimezone(self.zone)):
+            at_utc = fired.astimezone(UTC)
             if at_utc > until:
                 return
             if at_utc > after:   # cronsim starts from the minute after

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from pgfence.periodic.schedule import CATCH_UP_MAX, Schedule
+from pgfence.scheduling.schedule import CATCH_UP_MAX, Schedule
 
 
 @dataclass
@@ -55,11 +55,8 @@ def _latest(schedule: Schedule, after: datetime, until: datetime) -> datetime:
         # The last multiple of the interval at or before `until`.
         step = timedelta(seconds=schedule.every)
         return schedule.next_tick(until - step)
-    last = None
-    for last in schedule.ticks(after, until):
-        pass
-    assert last is not None
-    return last
+    found = list(schedule.ticks(after, until))
+    return found[-1]
 
 
 @dataclass(frozen=True)
