@@ -16,7 +16,7 @@ import psycopg
 
 from pgfence import errortext
 from pgfence.errors import ConfigError
-from pgfence.periodic.schedule import Schedule
+from pgfence.scheduling.schedule import Schedule
 from pgfence.store import db
 from pgfence.store import periodic as store
 

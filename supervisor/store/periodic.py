@@ -1,11 +1,11 @@
-"""The periodic jobs' statements (``sql/queries/periodic.sql``): one
-function per named query, typed rows."""
+"""The listing of schedules for ``pgfence periodic`` (query ``periodic_list``
+of ``sql/queries/periodic.sql``), typed rows.  The scheduler's statements
+are in :mod:`pgfence.store.ticks`."""
 
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -15,8 +15,7 @@ from pgfence.store.queries import q
 # -- listing: `pgfence periodic` -----------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduleListing:
+class ScheduleListing(NamedTuple):
     """One schedule as ``pgfence periodic`` shows it: its definition as
     stored (the database does not check names, cron or tz: a row written
     by hand may hold anything), its last enqueued tick with that job's
@@ -51,4 +50,4 @@ class ScheduleListing:
 
 def list_schedules(conn: psycopg.Connection) -> list[ScheduleListing]:
     """Every schedule, by name."""
-    return [ScheduleListing(*row) for row in conn.execute(q("periodic_list")).fetchall()]
+    return [ScheduleListing._make(row) for row in conn.execute(q("periodic_list")).fetchall()]
