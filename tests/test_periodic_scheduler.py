@@ -20,7 +20,7 @@ from pgfence.errors import ConfigError
 from pgfence.observe import metrics
 from pgfence.scheduling.schedule import Schedule
 from pgfence.scheduling.scheduler import Scheduler
-from pgfence.store import ticks
+from pgfence.store import periodic as ticks
 
 
 @pytest.fixture
@@ -299,3 +299,16 @@ def test_the_scheduler_thread_runs_until_stopped(conn, schedulers):
     checked = scalar(conn, "SELECT checked_until FROM pgfence.schedules WHERE name = 'thread'")
     wait_db_past(conn, checked + timedelta(seconds=1.5))
     assert len(tick_rows(conn, "thread")) == count
+
+
+def test_pgfence_prune_deletes_old_ticks_with_old_history(dsn, conn):
+    from pgtools import pgfence
+
+    conn.execute("""INSERT INTO pgfence.schedule_ticks (schedule, tick, outcome, decided_at)
+                    SELECT 'p', '2026-01-01 00:00+00'::timestamptz + n * interval '1 second', 'skipped',
+                           now() - interval '8 days'
+                      FROM generate_series(1, 3) n""")
+    out = pgfence("prune", "--retention", "7d", dsn=dsn)
+    assert (out.returncode, out.stdout) == (
+        0, "dropped 0 day partition(s) of history, deleted 0 finished job(s), deleted 3 tick(s) of schedules\n")
+    assert tick_rows(conn, "p") == []

@@ -500,7 +500,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     _dsn_value, conn = _connect(args)
     with conn:
         done = retention.maintain(conn, seconds)
-    print(f"dropped {done.dropped} day partition(s) of history, deleted {done.deleted} finished job(s)")
+    ticks = f", deleted {done.ticks} tick(s) of schedules" if done.ticks else ""
+    print(f"dropped {done.dropped} day partition(s) of history, deleted {done.deleted} finished job(s){ticks}")
     return 0
 
 
