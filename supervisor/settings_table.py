@@ -24,7 +24,9 @@ def _row(declared: Declaration) -> str:
     if declared.is_boolean:
         source = f"`{declared.flag}`/`--no-{declared.flag[2:]}`, `{declared.env}`"
     meaning = declared.doc + (f"; {declared.range}" if declared.range else "")
-    commands = ", ".join(declared.commands)
+    if not declared.commands:
+        source = f"TOML only (or `{declared.env}`)"
+    commands = ", ".join(declared.commands) or "run"
     # A value is code; a description of the default ("a third of each lease") is prose.
     shown = declared.shown if " " in declared.shown else f"`{declared.shown}`"
     return f"| `{declared.name}` | {shown} | {source} | {commands} | {meaning} |"

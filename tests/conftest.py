@@ -152,9 +152,12 @@ def _clean_registry():
     from pgfence import registry
 
     before = dict(registry._REGISTRY)
+    schedules = dict(registry._SCHEDULES)
     yield
     registry._REGISTRY.clear()
     registry._REGISTRY.update(before)
+    registry._SCHEDULES.clear()
+    registry._SCHEDULES.update(schedules)
 
 
 @pytest.fixture

@@ -68,8 +68,12 @@ def test_every_setting_is_read_from_its_environment_variable_flag_and_toml_key(t
               "max_jobs_per_child": 500, "max_memory_per_child": 512,
               "lost_lease_kill_after": 3.0, "idle_in_transaction_timeout": 90.0, "metrics_host": "0.0.0.0",
               "metrics_port": 9500, "metrics_dir": "/run/m", "listen": False, "prepare": False,
-              "vacuum_warn_dead_tuples": 50000, "vacuum_warn_horizon": 120.0, "self_vacuum_dead_tuples": 20000}
-    users = [d for d in settings_mod.DECLARATIONS.values() if not d.hidden]
+              "vacuum_warn_dead_tuples": 50000, "vacuum_warn_horizon": 120.0, "self_vacuum_dead_tuples": 20000,
+              "periodic_grace": 20.0}
+    # Schedules are tables, with no flag: test_periodic_units reads them
+    # from TOML and from the environment.
+    assert [d.name for d in settings_mod.DECLARATIONS.values() if not d.hidden and not d.commands] == ["periodic"]
+    users = [d for d in settings_mod.DECLARATIONS.values() if not d.hidden and d.commands]
     assert sorted(values) == sorted(d.name for d in users)          # this test covers every setting
 
     def text(value: object) -> str:
@@ -179,7 +183,7 @@ def test_a_fresh_migrate_creates_pgfence_tables_only_and_the_examples_create_the
     assert out.returncode == 0, out.stderr
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert _tables(conn) == [("pgfence", "job_history"), ("pgfence", "jobs"), ("pgfence", "kinds"),
-                                 ("pgfence", "migrations")]
+                                 ("pgfence", "migrations"), ("pgfence", "schedule_ticks"), ("pgfence", "schedules")]
         assert scalar(conn, "SELECT count(*) FROM pg_namespace WHERE nspname = 'pgfence_examples'") == 0
         # 0002 is recorded (its file stays, empty) so that versions have no gap.
         assert conn.execute("SELECT name FROM pgfence.migrations WHERE version = 2").fetchall() == \
@@ -187,7 +191,8 @@ def test_a_fresh_migrate_creates_pgfence_tables_only_and_the_examples_create_the
         for _ in range(2):                                   # idempotent
             tables.create_tables(conn)
         assert _tables(conn) == [("pgfence", "job_history"), ("pgfence", "jobs"), ("pgfence", "kinds"),
-                                 ("pgfence", "migrations"), ("pgfence_examples", "effects"),
+                                 ("pgfence", "migrations"), ("pgfence", "schedule_ticks"), ("pgfence", "schedules"),
+                                 ("pgfence_examples", "effects"),
                                  ("pgfence_examples", "receipts")]
         assert migrate.pending(conn) == []
 

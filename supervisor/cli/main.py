@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from pgfence.cli import admin
+from pgfence.cli import admin, periodic
 from pgfence import bounds
 from pgfence.store import db
 from pgfence.store import embedded
@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", help="only jobs of this queue")
     p.add_argument("--kind", help="only jobs of this kind")
     p.add_argument("--traceback", action="store_true", help="print each job's traceback under it")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("periodic", help="the schedules of periodic jobs: next tick, last run, skipped and missed")
+    _common(p)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("retry", help="queue failed or cancelled jobs again")
@@ -454,6 +458,19 @@ def cmd_failed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_periodic(args: argparse.Namespace) -> int:
+    _dsn_value, conn = _connect(args)
+    with conn:
+        data = periodic.listing(conn)
+    if args.json:
+        # json.dumps escapes every control character: safe as it is.
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    for line in periodic.table(data):
+        print(line)
+    return 0
+
+
 def cmd_retry(args: argparse.Namespace) -> int:
     if not args.ids and not args.failed:
         raise ConfigError("pgfence retry: give job ids or --failed")
@@ -483,7 +500,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     _dsn_value, conn = _connect(args)
     with conn:
         done = retention.maintain(conn, seconds)
-    print(f"dropped {done.dropped} day partition(s) of history, deleted {done.deleted} finished job(s)")
+    ticks = f", deleted {done.ticks} tick(s) of schedules" if done.ticks else ""
+    print(f"dropped {done.dropped} day partition(s) of history, deleted {done.deleted} finished job(s){ticks}")
     return 0
 
 
@@ -541,7 +559,7 @@ def cmd_embedded(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "migrate": cmd_migrate, "work": cmd_work, "run": cmd_run, "enqueue": cmd_enqueue, "status": cmd_status,
-    "failed": cmd_failed,
+    "failed": cmd_failed, "periodic": cmd_periodic,
     "retry": cmd_retry, "cancel": cmd_cancel, "prune": cmd_prune, "demo": cmd_demo, "dsn": cmd_dsn,
     "loadtest": cmd_loadtest, "embedded": cmd_embedded,
 }

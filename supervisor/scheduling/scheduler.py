@@ -38,7 +38,8 @@ import psycopg
 from pgfence.observe import metrics
 from pgfence.scheduling import plan
 from pgfence.scheduling.schedule import Schedule
-from pgfence.store import db, ticks
+from pgfence.store import db
+from pgfence.store import periodic as ticks
 
 log = logging.getLogger("pgfence.periodic")
 

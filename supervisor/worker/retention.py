@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import psycopg
 
-from pgfence.store import admin, db
+from pgfence.store import admin, db, periodic
 
 log = logging.getLogger("pgfence.retention")
 
@@ -41,6 +41,9 @@ class Maintained(NamedTuple):
     dropped: int
     #: Finished jobs deleted from the default partition.
     deleted: int
+    #: Ticks of schedules decided longer than the retention ago, deleted
+    #: (their jobs' history goes with the partitions).
+    ticks: int = 0
 
 
 def ensure_partitions(conn: psycopg.Connection, ahead: int = admin.HISTORY_AHEAD_DAYS) -> int:
@@ -110,4 +113,18 @@ def maintain(conn: psycopg.Connection, retention: float | None) -> Maintained:
     created = ensure_partitions(conn)
     if retention is None:
         return Maintained(created, 0, 0)
-    return Maintained(created, drop_partitions(conn, retention), prune(conn, retention))
+    return Maintained(created, drop_partitions(conn, retention), prune(conn, retention),
+                      prune_ticks(conn, retention))
+
+
+def prune_ticks(conn: psycopg.Connection, retention: float, batch: int = BATCH * 10, max_batches: int = 100) -> int:
+    """Delete the ticks of schedules decided more than ``retention`` seconds
+    ago (ticks queued behind a running job stay), in batches; the count."""
+    total = 0
+    with db.translated():
+        for _ in range(max_batches):
+            deleted = periodic.prune(conn, retention, batch)
+            total += deleted
+            if deleted < batch:
+                break
+    return total

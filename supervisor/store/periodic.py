@@ -1,5 +1,7 @@
-"""The scheduler's statements (``sql/queries/periodic.sql``): one function
-per named query, typed rows."""
+"""Periodic jobs' statements (``sql/queries/periodic.sql``): the
+scheduler's and the listing of ``pgfence periodic``; one function per named
+query, typed rows."""
+
 
 from __future__ import annotations
 
@@ -82,3 +84,43 @@ def prune(conn: psycopg.Connection[Any], retention: float, batch: int = 10_000) 
     """Delete up to ``batch`` ticks decided longer than ``retention`` seconds
     ago (queued ones stay); how many."""
     return conn.execute(q("periodic_prune"), {"retention": retention, "batch": batch}).rowcount
+
+# -- listing: `pgfence periodic` -----------------------------------------------------
+
+
+class ScheduleListing(NamedTuple):
+    """One schedule as ``pgfence periodic`` shows it: its definition as
+    stored (the database does not check names, cron or tz: a row written
+    by hand may hold anything), its last enqueued tick with that job's
+    status, and its tick counts."""
+
+    name: str
+    kind: str
+    #: None: the kind's queue.
+    queue: str | None
+    cron: str | None
+    every_seconds: float | None
+    tz: str
+    payload: Any
+    overlap: str
+    catch_up: str
+    declared_at: dt.datetime
+    checked_until: dt.datetime
+    last_tick: dt.datetime | None
+    last_job_id: int | None
+    #: queued, running, done, failed or cancelled; None when there is no
+    #: last job, or it is gone from history with retention.
+    last_status: str | None
+    #: Ticks recorded as skipped (overlap skip) and waiting (overlap queue),
+    #: as long as pruning keeps them.
+    skipped: int
+    queued: int
+    #: Ticks that fell while no scheduler ran and catch_up left out.
+    missed: int
+    #: The database's clock when the row was read.
+    now: dt.datetime
+
+
+def list_schedules(conn: psycopg.Connection) -> list[ScheduleListing]:
+    """Every schedule, by name."""
+    return [ScheduleListing._make(row) for row in conn.execute(q("periodic_list")).fetchall()]
