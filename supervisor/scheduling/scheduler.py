@@ -122,8 +122,9 @@ class Scheduler:
         conn = self._connection()
         if not self._declared:
             self.declare()
-        # The last runs' statuses before this round enqueues: read after it,
-        # the job of a tick just enqueued is always still queued.
+        # The last runs' statuses are read before this round enqueues: read
+        # after it, the job of a tick just enqueued is always still queued,
+        # and a schedule ticking every few seconds never showed a failure.
         if time.monotonic() - self._last_runs_at >= LAST_RUN_INTERVAL:
             self._refresh_last_runs(conn)
         result = Round()
@@ -205,11 +206,7 @@ class Scheduler:
         with db.translated(self.dsn):
             statuses = ticks.last_runs(conn, self.names)
         for name in self.names:
-            status = statuses.get(name)
-            # A run still queued or running has not ended: the gauge keeps
-            # what the previous one said.
-            if status in (None, "done", "failed", "cancelled"):
-                metrics.PERIODIC_LAST_RUN_FAILED.labels(name).set(1 if status == "failed" else 0)
+            metrics.PERIODIC_LAST_RUN_FAILED.labels(name).set(1 if statuses.get(name) == "failed" else 0)
         self._last_runs_at = time.monotonic()
 
     # -- the thread -----------------------------------------------------------
