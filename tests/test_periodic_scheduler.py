@@ -257,26 +257,32 @@ def test_enqueue_refuses_the_dedupe_keys_of_schedules(conn):
 # -- gauges and housekeeping ---------------------------------------------------------------------
 
 
-def test_last_run_failed_follows_the_last_ticks_job(conn, schedulers):
+def test_last_run_failed_follows_the_last_run_that_ended(conn, schedulers):
+    """1 once the newest tick's job failed; kept while the next tick's job
+    is queued (it has not ended); 0 once a later run ends done."""
     schedule = Schedule("lr", "noop", every=1, overlap="allow")
     scheduler = schedulers(schedule)
     scheduler.declare()
-    tick = schedule.next_tick(db_now(conn))
-    wait_db_past(conn, tick)
-    scheduler.run_once()
-    job_id = scalar(conn, "SELECT last_job_id FROM pgfence.schedules WHERE name = 'lr'")
-    finish(conn, job_id, "failed")
-    scheduler._last_runs_at = 0.0
-    scheduler.run_once()
     gauge = metrics.PERIODIC_LAST_RUN_FAILED.labels("lr")
-    last = scalar(conn, "SELECT last_job_id FROM pgfence.schedules WHERE name = 'lr'")
-    assert gauge._value.get() == (1.0 if last == job_id else 0.0)
-    wait_for(lambda: scheduler.run_once() and
-             scalar(conn, "SELECT last_job_id FROM pgfence.schedules WHERE name = 'lr'") != job_id,
-             timeout=10, message="a later tick")
-    scheduler._last_runs_at = 0.0
-    scheduler.run_once()
-    assert gauge._value.get() == 0.0
+
+    def next_job(after: int | None) -> int:
+        wait_for(lambda: scheduler.run_once() and
+                 scalar(conn, "SELECT last_job_id FROM pgfence.schedules WHERE name = 'lr'") not in (None, after),
+                 timeout=10, message="a new tick's job")
+        return scalar(conn, "SELECT last_job_id FROM pgfence.schedules WHERE name = 'lr'")
+
+    def refreshed() -> float:
+        scheduler._refresh_last_runs(scheduler._connection())
+        return gauge._value.get()
+
+    first = next_job(None)
+    assert refreshed() == 0.0                      # queued: nothing has ended yet
+    finish(conn, first, "failed")
+    assert refreshed() == 1.0
+    second = next_job(first)
+    assert refreshed() == 1.0                      # its job is queued: the failed run still speaks
+    finish(conn, second, "done")
+    assert refreshed() == 0.0
 
 
 def test_old_ticks_are_pruned_but_queued_ones_wait_for_their_turn(conn):

@@ -100,11 +100,12 @@ PERIODIC_LAG = Histogram("pgfence_periodic_lag_seconds",
                          "From a tick's time to its job's enqueue, on the database clock.", ["schedule"],
                          buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0))
 PERIODIC_LAST_RUN_FAILED = Gauge("pgfence_periodic_last_run_failed",
-                                 "1 if the job of the schedule's last enqueued tick ended failed, else 0.",
+                                 "1 if the schedule's last run that ended (the job of its newest tick, or "
+                                 "while that is queued or running, the run before) ended failed, else 0.",
                                  ["schedule"], multiprocess_mode="livemax")
 PERIODIC_CLOCK_SKEW = Gauge("pgfence_periodic_host_clock_skew_seconds",
                             "The host's clock minus the database's, as the scheduler last read them (ticks "
-                            "follow the database's clock alone).", multiprocess_mode="livemax")
+                            "follow the database's clock alone).", multiprocess_mode="livemostrecent")
 
 #: The outcomes of a tick, as used in the ``outcome`` label.
 PERIODIC_OUTCOMES = ("enqueued", "skipped", "queued", "missed")

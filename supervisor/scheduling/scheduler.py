@@ -206,7 +206,13 @@ class Scheduler:
         with db.translated(self.dsn):
             statuses = ticks.last_runs(conn, self.names)
         for name in self.names:
-            metrics.PERIODIC_LAST_RUN_FAILED.labels(name).set(1 if statuses.get(name) == "failed" else 0)
+            status = statuses.get(name)
+            # The last run that ENDED decides: while the newest tick's job
+            # is queued or running (a retry waiting included), the gauge
+            # keeps what the run before it said, so that a schedule whose
+            # every run fails shows 1 for as long as that lasts.
+            if status not in ("queued", "running"):
+                metrics.PERIODIC_LAST_RUN_FAILED.labels(name).set(1 if status == "failed" else 0)
         self._last_runs_at = time.monotonic()
 
     # -- the thread -----------------------------------------------------------
