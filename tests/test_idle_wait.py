@@ -37,7 +37,7 @@ def wait_idle(conn, name: str) -> None:
         SELECT count(*) FROM pg_stat_activity
          WHERE application_name = 'pgfence worker ' || %s AND state = 'idle'
            AND (query IN ('LISTEN pgfence_jobs', 'LISTEN pgfence_pauses') OR query LIKE 'WITH candidates%%'
-                OR query LIKE 'WITH RECURSIVE priorities%%'
+                OR query LIKE 'WITH RECURSIVE priorities%%' OR query LIKE 'SELECT queue%%FROM pgfence.queue_pauses%%'
                 OR query LIKE 'SELECT extract(epoch FROM min(r.lease_until)%%')""", (name,)) == 1,
              timeout=20, message=f"worker {name} waiting idle")
 

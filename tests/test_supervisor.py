@@ -210,9 +210,10 @@ def listening_workers(conn) -> int:
     the next run_at and the next lease end, waiting for a NOTIFY (a worker
     LISTENs as soon as it connects, before its first claim)."""
     return sum(1 for _pid, _app, state, query, _port in sessions(conn, "pgfence worker %")
-               if state == "idle" and (query == "LISTEN pgfence_jobs"
+               if state == "idle" and (query in ("LISTEN pgfence_jobs", "LISTEN pgfence_pauses")
                                        or query.lstrip().startswith(("WITH candidates", "WITH RECURSIVE priorities",
-                                                                     "SELECT extract(epoch FROM min(r.lease_until)"))))
+                                                                     "SELECT extract(epoch FROM min(r.lease_until)",
+                                                                     "SELECT queue\n  FROM pgfence.queue_pauses"))))
 
 
 def counts(conn) -> list[tuple]:
