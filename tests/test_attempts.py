@@ -174,3 +174,26 @@ def test_attempt_rows_follow_the_history_retention(conn):
         [101, 102, 103]
     assert retention.maintain(conn, 5 * 86400).attempts == 3
     assert scalar(conn, "SELECT count(*) FROM pgfence.job_attempts") == 0
+
+
+def test_an_async_job_whose_batched_completion_is_refused_is_recorded(conn, dsn):
+    from pgfence import registry
+    from pgfence.asyncjob import AsyncJob
+    from pgfence.settings import Settings
+    from pgfence.worker.concurrent import make_worker
+
+    registry._REGISTRY.clear()   # async handlers alone: the loop claims and completes (restored after the test)
+
+    @handler("async-cancelled-under-me")
+    async def cancelled_under_me(job: AsyncJob) -> None:
+        with psycopg.connect(dsn, autocommit=True) as other:
+            assert admin.cancel(other, [job.id]) == [job.id]
+
+    job_id = enqueue(conn, "async-cancelled-under-me")
+    worker = make_worker(dsn, Settings(renew=False), name="w-async")
+    assert worker.claims_on_loop
+    stats = worker.run(burst=True)
+    assert stats.outcomes == {"lost": 1}
+    assert attempts(conn, job_id) == [
+        (1, "cancelled", "w-async", "cancelled by an operator while running"),
+        (1, "fence_rejected", "w-async", "completion refused by the fence: the job was cancelled meanwhile")]
