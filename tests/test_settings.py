@@ -189,16 +189,18 @@ def test_a_fresh_migrate_creates_pgfence_tables_only_and_the_examples_create_the
     out = run_pgfence("migrate", dsn=empty_dsn)
     assert out.returncode == 0, out.stderr
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert _tables(conn) == [("pgfence", "job_history"), ("pgfence", "jobs"), ("pgfence", "kinds"),
-                                 ("pgfence", "migrations"), ("pgfence", "schedule_ticks"), ("pgfence", "schedules")]
+        assert _tables(conn) == [("pgfence", "job_attempts"), ("pgfence", "job_history"), ("pgfence", "jobs"),
+                                 ("pgfence", "kinds"), ("pgfence", "migrations"), ("pgfence", "queue_pauses"),
+                                 ("pgfence", "schedule_ticks"), ("pgfence", "schedules"), ("pgfence", "supervisors")]
         assert scalar(conn, "SELECT count(*) FROM pg_namespace WHERE nspname = 'pgfence_examples'") == 0
         # 0002 is recorded (its file stays, empty) so that versions have no gap.
         assert conn.execute("SELECT name FROM pgfence.migrations WHERE version = 2").fetchall() == \
             [("handler_tables",)]
         for _ in range(2):                                   # idempotent
             tables.create_tables(conn)
-        assert _tables(conn) == [("pgfence", "job_history"), ("pgfence", "jobs"), ("pgfence", "kinds"),
-                                 ("pgfence", "migrations"), ("pgfence", "schedule_ticks"), ("pgfence", "schedules"),
+        assert _tables(conn) == [("pgfence", "job_attempts"), ("pgfence", "job_history"), ("pgfence", "jobs"),
+                                 ("pgfence", "kinds"), ("pgfence", "migrations"), ("pgfence", "queue_pauses"),
+                                 ("pgfence", "schedule_ticks"), ("pgfence", "schedules"), ("pgfence", "supervisors"),
                                  ("pgfence_examples", "effects"),
                                  ("pgfence_examples", "receipts")]
         assert migrate.pending(conn) == []

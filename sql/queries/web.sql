@@ -98,45 +98,6 @@ SELECT queue,
  GROUP BY queue
  ORDER BY queue;
 
--- name: web_pauses
--- The queues paused, by name.
-SELECT queue, paused_at, paused_by
-  FROM pgfence.queue_pauses
- ORDER BY queue;
-
--- name: web_pause
--- Pause a queue (a queue paused already stays as it was) and tell the
--- workers, which re-read the pauses on this notification.  True when it
--- was running until now.
-WITH paused AS (
-    INSERT INTO pgfence.queue_pauses (queue, paused_by)
-    VALUES (%(queue)s::text, %(by)s::text)
-    ON CONFLICT (queue) DO NOTHING
-    RETURNING queue
-), notified AS (
-    SELECT pg_notify('pgfence_pauses', %(queue)s::text)
-)
-SELECT (SELECT count(*) FROM paused) > 0 FROM notified;
-
--- name: web_resume
--- Resume a paused queue and tell the workers; true when it was paused.
-WITH resumed AS (
-    DELETE FROM pgfence.queue_pauses WHERE queue = %(queue)s::text
-    RETURNING queue
-), notified AS (
-    SELECT pg_notify('pgfence_pauses', %(queue)s::text)
-)
-SELECT (SELECT count(*) FROM resumed) > 0 FROM notified;
-
--- name: web_supervisors
--- The supervisors up (a heartbeat within %(up)s seconds), by instance, with
--- what their children run.
-SELECT instance, host, pid, workers, version, started_at, last_seen, children,
-       extract(epoch FROM now() - last_seen)::float8 AS seen_ago
-  FROM pgfence.supervisors
- WHERE last_seen > now() - make_interval(secs => %(up)s::float8)
- ORDER BY instance;
-
 -- name: web_has_schedules
 -- Whether any periodic schedule exists (the navigation links the page then).
 SELECT EXISTS (SELECT 1 FROM pgfence.schedules);

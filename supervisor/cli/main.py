@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 
 from pgfence.cli import admin, periodic
-from pgfence import bounds
+from pgfence import bounds, names
 from pgfence.store import db
 from pgfence.store import embedded
 from pgfence import errortext
@@ -156,6 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cancel", help="cancel queued or running jobs")
     _common(p)
     p.add_argument("ids", nargs="+", type=int)
+
+    p = sub.add_parser("pause", help="stop claiming a queue's jobs (running ones finish)")
+    _common(p)
+    p.add_argument("queue")
+
+    p = sub.add_parser("resume", help="claim a paused queue's jobs again")
+    _common(p)
+    p.add_argument("queue")
 
     p = sub.add_parser("prune", help="delete finished jobs older than the retention, once")
     _common(p)
@@ -527,6 +535,22 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0 if ids else 1
 
 
+def cmd_pause(args: argparse.Namespace) -> int:
+    names.check(args.queue, "queue")   # before connecting: a bad name is a usage error
+    _dsn_value, conn = _connect(args)
+    with conn:
+        print(admin.pause(conn, args.queue, by=f"cli {socket.gethostname()}:{os.getpid()}"))
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    names.check(args.queue, "queue")
+    _dsn_value, conn = _connect(args)
+    with conn:
+        print(admin.resume(conn, args.queue))
+    return 0
+
+
 def cmd_prune(args: argparse.Namespace) -> int:
     seconds = settings_mod.parse_duration("--retention", args.retention)
     bounds.check("retention", seconds, label="--retention")
@@ -534,7 +558,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
     with conn:
         done = retention.maintain(conn, seconds)
     ticks = f", deleted {done.ticks} tick(s) of schedules" if done.ticks else ""
-    print(f"dropped {done.dropped} day partition(s) of history, deleted {done.deleted} finished job(s){ticks}")
+    attempts = f", deleted {done.attempts} attempt row(s)" if done.attempts else ""
+    print(f"dropped {done.dropped} day partition(s) of history, deleted {done.deleted} finished job(s)"
+          f"{ticks}{attempts}")
     return 0
 
 
@@ -593,7 +619,8 @@ def cmd_embedded(args: argparse.Namespace) -> int:
 COMMANDS = {
     "migrate": cmd_migrate, "work": cmd_work, "run": cmd_run, "enqueue": cmd_enqueue, "status": cmd_status,
     "failed": cmd_failed, "periodic": cmd_periodic, "web": cmd_web,
-    "retry": cmd_retry, "cancel": cmd_cancel, "prune": cmd_prune, "demo": cmd_demo, "dsn": cmd_dsn,
+    "retry": cmd_retry, "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_resume, "prune": cmd_prune,
+    "demo": cmd_demo, "dsn": cmd_dsn,
     "loadtest": cmd_loadtest, "embedded": cmd_embedded,
 }
 

@@ -1,7 +1,8 @@
 """The dashboard's statements (``sql/queries/web.sql``): one function per
 named query, typed rows.  Retry and cancel are the operators' own
-(:mod:`pgfence.store.admin`); the dashboard adds the job list, a job's
-attempts, delete, pauses and the supervisors up."""
+(:mod:`pgfence.store.admin`), pauses and the supervisors up are
+:mod:`pgfence.store.operations`; the dashboard adds the job list, a job's
+attempts and delete."""
 
 from __future__ import annotations
 
@@ -11,10 +12,6 @@ from typing import Any, NamedTuple
 import psycopg
 
 from pgfence.store.queries import q
-
-#: A supervisor is up when its heartbeat wrote its row within this many seconds.
-SUPERVISOR_UP_SECONDS = 30.0
-
 
 class JobFilter(NamedTuple):
     """The job list's filters; None: not filtered on."""
@@ -131,48 +128,6 @@ class RecentCounts(NamedTuple):
 def recent(conn: psycopg.Connection, seconds: float) -> list[RecentCounts]:
     """Per queue, the jobs finished done and failed in the last ``seconds``."""
     return [RecentCounts._make(row) for row in conn.execute(q("web_recent"), {"seconds": seconds}).fetchall()]
-
-
-class Pause(NamedTuple):
-    queue: str
-    paused_at: dt.datetime
-    paused_by: str | None
-
-
-def pauses(conn: psycopg.Connection) -> list[Pause]:
-    """The paused queues, by name."""
-    return [Pause._make(row) for row in conn.execute(q("web_pauses")).fetchall()]
-
-
-def pause(conn: psycopg.Connection, queue: str, by: str | None) -> bool:
-    """Pause ``queue`` and notify the workers; whether it was running."""
-    row = conn.execute(q("web_pause"), {"queue": queue, "by": by}).fetchone()
-    return bool(row and row[0])
-
-
-def resume(conn: psycopg.Connection, queue: str) -> bool:
-    """Resume ``queue`` and notify the workers; whether it was paused."""
-    row = conn.execute(q("web_resume"), {"queue": queue}).fetchone()
-    return bool(row and row[0])
-
-
-class Supervisor(NamedTuple):
-    instance: str
-    host: str
-    pid: int
-    workers: int
-    version: str
-    started_at: dt.datetime
-    last_seen: dt.datetime
-    #: [{"number", "pid", "jobs": [{"id", "kind", "queue", "attempt"}]}]
-    children: Any
-    #: Seconds since its last heartbeat.
-    seen_ago: float
-
-
-def supervisors(conn: psycopg.Connection, up: float = SUPERVISOR_UP_SECONDS) -> list[Supervisor]:
-    """The supervisors whose heartbeat wrote within ``up`` seconds."""
-    return [Supervisor._make(row) for row in conn.execute(q("web_supervisors"), {"up": up}).fetchall()]
 
 
 def has_schedules(conn: psycopg.Connection) -> bool:

@@ -29,6 +29,7 @@ from pgfence.cli import periodic as periodic_cli
 from pgfence.errors import PgfenceError
 from pgfence.job import dedupe_idempotency_key, idempotency_key
 from pgfence.store import admin as admin_store
+from pgfence.store import operations
 from pgfence.store import web as store
 from pgfence.web import actions, auth
 from pgfence.web.app import Dashboard, pretty_json
@@ -247,13 +248,13 @@ class Views:
             status = admin_cli.status(conn)
             oldest = {g.queue: g.oldest_age for g in admin_store.queue_gauges(conn) if g.status == "queued"}
             recent = {r.queue: r for r in store.recent(conn, RECENT_SECONDS)}
-            paused = {p.queue: p for p in store.pauses(conn)}
+            paused = {p.queue: p for p in operations.pauses(conn)}
             queues = sorted(set(status["queues"]) | set(paused) | set(recent))
             rows = [{"queue": queue, "counts": status["queues"].get(queue, {}), "oldest": oldest.get(queue),
                      "done": recent[queue].done if queue in recent else 0,
                      "failed": recent[queue].failed if queue in recent else 0,
                      "paused": paused.get(queue)} for queue in queues]
-            return {"rows": rows, "estimated": status["estimated"], "supervisors": store.supervisors(conn),
+            return {"rows": rows, "estimated": status["estimated"], "supervisors": operations.supervisors_up(conn),
                     "has_schedules": store.has_schedules(conn)}
 
         data = await self.read(load)
@@ -271,13 +272,15 @@ class Views:
 
     async def pause(self, request: Request) -> Response:
         queue = await self._pause_form(request)
-        changed = await self.read(lambda conn: store.pause(conn, queue, "pgfence web"))
-        return self.redirect(request, "/", f"paused queue {queue}" if changed else f"queue {queue} was paused")
+        changed = await self.read(lambda conn: operations.pause(conn, queue, by="pgfence web"))
+        message = f"paused queue {queue}" if changed is not None else f"queue {queue} was paused already"
+        return self.redirect(request, "/", message)
 
     async def resume(self, request: Request) -> Response:
         queue = await self._pause_form(request)
-        changed = await self.read(lambda conn: store.resume(conn, queue))
-        return self.redirect(request, "/", f"resumed queue {queue}" if changed else f"queue {queue} was running")
+        changed = await self.read(lambda conn: operations.resume(conn, queue))
+        message = f"resumed queue {queue}" if changed is not None else f"queue {queue} was not paused"
+        return self.redirect(request, "/", message)
 
     # -- the job list --------------------------------------------------------------
 
