@@ -486,3 +486,53 @@ def test_pgfence_web_serves_the_dashboard_until_sigterm(dsn, conn):
     assert proc.returncode == 0, err
     assert "Traceback" not in err
     assert f"pgfence web on http://127.0.0.1:{port}/ (database " in err and "read-only, password required)" in err
+
+
+def test_a_job_that_failed_twice_then_succeeded_shows_three_attempts(dsn, conn, make_worker):
+    from pgfence import enqueue, handler
+
+    @handler("t_flaky_web")
+    def flaky(job):
+        if job.attempt < 3:
+            raise RuntimeError(f"attempt {job.attempt} <failed>")
+
+    job_id = enqueue(conn, "t_flaky_web", queue="flaky")
+    worker = make_worker("w-flaky", backoff_base=0.05, backoff_max=0.1, queues=("flaky",))
+
+    def finished():
+        for job in worker.claim():
+            worker.run_job(job)
+        return scalar(conn, "SELECT status FROM pgfence.all_jobs WHERE id = %s", (job_id,)) == "done"
+
+    wait_for(finished, timeout=20, message="the flaky job to succeed at its third attempt")
+    with client(dsn) as c:
+        page = c.get(f"/jobs/{job_id}").text
+    rows = re.findall(r'<tr class="attempt" data-attempt="(\d+)">.*?<td class="worker">(.*?)</td>.*?'
+                      r'<td class="outcome">(.*?)</td>\s*<td class="detail">(.*?)</td>', page, re.S)
+    assert [(int(a), w, o, htmllib.unescape(d)) for a, w, o, d in rows] == [
+        (1, "w-flaky", "error", "RuntimeError: attempt 1 <failed>"),
+        (2, "w-flaky", "error", "RuntimeError: attempt 2 <failed>"),
+        (3, "w-flaky", "done", "")]
+    assert "<failed>" not in page
+
+
+def test_overview_lists_supervisors_up_and_schedules_get_a_page(dsn, conn):
+    [running] = add_live(conn, 1, status="running", queue="mail")
+    children = [{"number": 1, "pid": 4242, "jobs": [{"id": running, "kind": "noop", "queue": "mail", "attempt": 1}]},
+                {"number": 2, "pid": 4243, "jobs": []}]
+    conn.execute("""INSERT INTO pgfence.supervisors (instance, host, pid, workers, version, started_at, last_seen, children)
+                    VALUES ('up-1', 'host-a', 100, 2, '0.2.0', now(), now(), %s::jsonb),
+                           ('gone-1', 'host-b', 200, 2, '0.2.0', now() - interval '1 hour',
+                            now() - interval '31 seconds', '[]')""", (json.dumps(children),))
+    with client(dsn) as c:
+        overview = c.get("/").text
+        assert re.findall(r'<tr data-instance="([^"]+)">', overview) == ["up-1"]
+        assert f'<a class="running-job" data-job-id="{running}" href="/jobs/{running}">noop #{running}</a>' in overview
+        assert 'id="nav-schedules"' not in overview
+        conn.execute(f"""INSERT INTO pgfence.schedules (name, kind, every_seconds, payload)
+                         VALUES ('nightly', 'noop', 60, %s::jsonb)""", (json.dumps({"x": SCRIPT}),))
+        overview = c.get("/").text
+        assert '<a id="nav-schedules" href="/schedules">' in overview
+        schedules = c.get("/schedules").text
+        assert re.findall(r'<tr data-schedule="([^"]+)">', schedules) == ["nightly"]
+        assert "every 60s" in schedules and SCRIPT not in schedules
