@@ -434,7 +434,7 @@ class Settings:
     # password is read from PGFENCE_WEB_PASSWORD alone: a secret has no flag
     # (ps shows every process's arguments) and no TOML key.
     web_host: str = setting(
-        "127.0.0.1", text, "address the dashboard listens on (another than loopback needs PGFENCE_WEB_PASSWORD)",
+        "127.0.0.1", text, "address the dashboard listens on (any but loopback needs PGFENCE_WEB_PASSWORD)",
         doc="address `pgfence web` listens on; any address but loopback needs a password in "
             "`PGFENCE_WEB_PASSWORD` (else it refuses to start)",
         commands=("web",), option="--host")

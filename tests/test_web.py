@@ -155,6 +155,14 @@ def test_signer_tokens_and_cookies():
     assert other.flash_message(signer.flash_cookie("x")) is None
 
 
+def test_login_sends_only_to_paths_of_the_dashboard():
+    from pgfence.web.views import Views
+
+    assert [Views._next(v) for v in ("/jobs?status=failed", "/", "//evil.example/", "/\\evil.example",
+                                      "/\t/evil.example", "https://evil.example/", "", None, "jobs")] == \
+        ["/jobs?status=failed", "/", "/", "/", "/", "/", "/", "/", "/"]
+
+
 def test_loopback_and_basic_credentials():
     assert [auth.is_loopback(h) for h in ("127.0.0.1", "127.9.9.9", "::1", "[::1]", "localhost")] == [True] * 5
     assert [auth.is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.5", "example.com", "")] == [False] * 5

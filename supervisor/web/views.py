@@ -203,7 +203,8 @@ class Views:
         response = HTMLResponse(html, status_code=status)
         path = self.base(request) or "/"
         if fresh:
-            response.set_cookie(auth.CSRF_COOKIE, nonce, path=path, httponly=True, samesite="strict")
+            response.set_cookie(auth.CSRF_COOKIE, nonce, path=path, httponly=True, samesite="strict",
+                                secure=request.url.scheme == "https")
         if auth.FLASH_COOKIE in request.cookies:
             response.delete_cookie(auth.FLASH_COOKIE, path=path)
         return response
@@ -214,7 +215,8 @@ class Views:
         response = RedirectResponse(self.base(request) + to, status_code=303)
         if message is not None:
             response.set_cookie(auth.FLASH_COOKIE, self.dashboard.signer.flash_cookie(message),
-                                path=self.base(request) or "/", httponly=True, samesite="strict")
+                                path=self.base(request) or "/", httponly=True, samesite="strict",
+                                secure=request.url.scheme == "https")
         return response
 
     async def form(self, request: Request) -> FormData:
@@ -392,7 +394,10 @@ class Views:
     def _next(value: object) -> str:
         """Where the login form sends the visitor: a path inside the
         dashboard only (never another site's address)."""
-        if isinstance(value, str) and value.startswith("/") and not value.startswith("//") and "\\" not in value:
+        # Browsers drop tabs and newlines from a URL ("/\t/evil" would become
+        # "//evil", another host) and read a backslash as a slash.
+        if (isinstance(value, str) and value.startswith("/") and not value.startswith("//")
+                and "\\" not in value and all(ch > " " for ch in value)):
             return value
         return "/"
 
@@ -410,7 +415,7 @@ class Views:
         response = self.redirect(request, target)
         response.set_cookie(auth.SESSION_COOKIE, self.dashboard.signer.session_cookie(),
                             max_age=auth.SESSION_SECONDS, path=self.base(request) or "/", httponly=True,
-                            samesite="lax")
+                            samesite="lax", secure=request.url.scheme == "https")
         return response
 
     async def logout(self, request: Request) -> Response:
