@@ -143,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("web", help="the web dashboard: queues, jobs, attempts; retry, cancel, pause (extra: web)")
+    _common(p)
+    _config_option(p)
+    _setting_options(p, "web")
+
     p = sub.add_parser("retry", help="queue failed or cancelled jobs again")
     _common(p)
     p.add_argument("ids", nargs="*", type=int)
@@ -479,6 +484,34 @@ def cmd_periodic(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The environment variable that holds the dashboard's password.
+WEB_PASSWORD_ENV = "PGFENCE_WEB_PASSWORD"
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    from pgfence.web import serve
+
+    settings = _command_settings(args)
+    password = os.environ.get(WEB_PASSWORD_ENV) or None
+    serve.check_host(settings.web_host, password)
+    # Refused before anything listens: the web extra missing, the database
+    # unreachable, the schema not migrated.
+    serve.check_installed()
+    dsn, conn = _connect(args)
+    with conn:
+        missing = migrate.pending(conn)
+    if missing:
+        raise SchemaMissing(f"pgfence schema is not up to date ({len(missing)} migration(s) pending): "
+                            "run 'pgfence migrate'")
+    sock = serve.bind(settings.web_host, settings.web_port)
+    log.info("pgfence web on http://%s:%d/ (database %s%s%s%s)", serve.shown_host(settings.web_host),
+             settings.web_port, db.redact(dsn), ", read-only" if settings.web_read_only else "",
+             ", payloads redacted" if settings.web_redact_payloads else "",
+             ", password required" if password else "")
+    return serve.run(sock, dsn, read_only=settings.web_read_only, redact_payloads=settings.web_redact_payloads,
+                     password=password, log_level=args.log_level)
+
+
 def cmd_retry(args: argparse.Namespace) -> int:
     if not args.ids and not args.failed:
         raise ConfigError("pgfence retry: give job ids or --failed")
@@ -585,7 +618,7 @@ def cmd_embedded(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "migrate": cmd_migrate, "work": cmd_work, "run": cmd_run, "enqueue": cmd_enqueue, "status": cmd_status,
-    "failed": cmd_failed, "periodic": cmd_periodic,
+    "failed": cmd_failed, "periodic": cmd_periodic, "web": cmd_web,
     "retry": cmd_retry, "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_resume, "prune": cmd_prune,
     "demo": cmd_demo, "dsn": cmd_dsn,
     "loadtest": cmd_loadtest, "embedded": cmd_embedded,
