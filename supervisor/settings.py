@@ -192,6 +192,8 @@ class Declaration:
     show it.  ``doc`` is the README's text, ``help`` the shorter ``--help``
     one.  ``commands`` take the setting as a flag; a ``hidden`` setting is
     set by code only (no flag, no environment variable, no TOML key).
+    ``option`` names the flag when the setting's name would not do (the
+    ``web_`` settings are ``pgfence web --host``, not ``--web-host``).
     """
 
     name: str
@@ -202,10 +204,11 @@ class Declaration:
     shown: str
     commands: tuple[str, ...]
     hidden: bool
+    option: str | None = None
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return self.option or "--" + self.name.replace("_", "-")
 
     @property
     def env(self) -> str:
@@ -237,14 +240,14 @@ _META = "pgfence.setting"
 
 
 def setting(default: Any, convert: Converter, help: str, *, doc: str | None = None, shown: str | None = None,
-            commands: tuple[str, ...] = WORKER_COMMANDS, hidden: bool = False) -> Any:
+            commands: tuple[str, ...] = WORKER_COMMANDS, hidden: bool = False, option: str | None = None) -> Any:
     """Declare a :class:`Settings` field: its default and how it is read.
 
     The return value is a dataclass field; the field's name completes the
     declaration (see :data:`DECLARATIONS`).
     """
     meta = {"convert": convert, "help": help, "doc": doc or help, "shown": shown, "commands": commands,
-            "hidden": hidden}
+            "hidden": hidden, "option": option}
     return field(default=default, metadata={_META: meta})
 
 
@@ -427,6 +430,23 @@ class Settings:
                        "pooling)",
         doc="the worker's and the heartbeat's statements are prepared on the server; `--no-prepare` for "
             "PgBouncer in transaction pooling")
+    # The dashboard (`pgfence web`; see "Web dashboard" in the README).  Its
+    # password is read from PGFENCE_WEB_PASSWORD alone: a secret has no flag
+    # (ps shows every process's arguments) and no TOML key.
+    web_host: str = setting(
+        "127.0.0.1", text, "address the dashboard listens on (any but loopback needs PGFENCE_WEB_PASSWORD)",
+        doc="address `pgfence web` listens on; any address but loopback needs a password in "
+            "`PGFENCE_WEB_PASSWORD` (else it refuses to start)",
+        commands=("web",), option="--host")
+    web_port: int = setting(8465, whole, "port the dashboard listens on", commands=("web",), option="--port")
+    web_read_only: bool = setting(
+        False, boolean, "show everything, allow no action",
+        doc="the dashboard shows everything and allows no action (no button rendered, every POST refused)",
+        commands=("web",), option="--read-only")
+    web_redact_payloads: bool = setting(
+        False, boolean, "never show job payloads",
+        doc="the dashboard shows `redacted` in place of every job's payload", commands=("web",),
+        option="--redact-payloads")
     # Renew leases and fence completions.  Only `--unprotected` (the demo)
     # turns these off, to show what goes wrong without them.
     renew: bool = setting(True, boolean, "renew leases", hidden=True)
@@ -465,6 +485,10 @@ class Settings:
             raise ConfigError(f"invalid metrics-port: must be 0 to 65535, got {self.metrics_port!r}")
         if not self.metrics_host:
             raise ConfigError("invalid metrics-host: give a host name or address")
+        if not (isinstance(self.web_port, int) and 1 <= self.web_port <= 65535):
+            raise ConfigError(f"invalid port: must be 1 to 65535, got {self.web_port!r}")
+        if not self.web_host:
+            raise ConfigError("invalid host: give a host name or address")
         if not self.queues or any(not q for q in self.queues):
             raise ConfigError("invalid queues: give one or more non-empty queue names")
         for queue in self.queues:
@@ -499,7 +523,7 @@ def _declare(f: dataclasses.Field[Any]) -> Declaration:
     meta = f.metadata[_META]
     return Declaration(name=f.name, convert=meta["convert"], default=f.default, help=meta["help"],
                        doc=meta["doc"], shown=meta["shown"] or _shown(meta["convert"], f.default),
-                       commands=meta["commands"], hidden=meta["hidden"])
+                       commands=meta["commands"], hidden=meta["hidden"], option=meta["option"])
 
 
 #: Every setting, in declaration order, by name.

@@ -91,8 +91,8 @@ def finish(conn: psycopg.Connection, job_id: int, status: str = "done") -> int:
         WITH moved AS (DELETE FROM pgfence.jobs WHERE id = %(id)s RETURNING *)
         INSERT INTO pgfence.job_history
                (id, created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims, priority,
-                putbacks, status, queue, kind, dedupe_key, payload, last_error, last_traceback)
+                putbacks, status, queue, kind, dedupe_key, payload, last_error, last_traceback, worker)
         SELECT id, created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims, priority,
-               putbacks, %(status)s, queue, kind, dedupe_key, payload, last_error, last_traceback
+               putbacks, %(status)s, queue, kind, dedupe_key, payload, last_error, last_traceback, locked_by
           FROM moved
         RETURNING id""", {"id": job_id, "status": status})

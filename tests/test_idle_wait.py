@@ -36,7 +36,7 @@ def wait_idle(conn, name: str) -> None:
     wait_for(lambda: scalar(conn, """
         SELECT count(*) FROM pg_stat_activity
          WHERE application_name = 'pgfence worker ' || %s AND state = 'idle'
-           AND (query = 'LISTEN pgfence_jobs' OR query LIKE 'WITH candidates%%'
+           AND (query IN ('LISTEN pgfence_jobs', 'LISTEN pgfence_pauses') OR query LIKE 'WITH candidates%%'
                 OR query LIKE 'WITH RECURSIVE priorities%%'
                 OR query LIKE 'SELECT extract(epoch FROM min(r.lease_until)%%')""", (name,)) == 1,
              timeout=20, message=f"worker {name} waiting idle")

@@ -87,6 +87,9 @@ def test_wheel_holds_the_sql_licence_and_entry_point(wheel):
     # (supervisord's `supervisor` and a user's `handlers` stay theirs).
     assert {n.split("/")[0] for n in names} == {"pgfence", "pgfence-0.2.0.dist-info"}
     assert "pgfence/py.typed" in names
+    # The dashboard's templates and style sheet, read as package resources.
+    assert {"pgfence/web/templates/base.html", "pgfence/web/templates/job.html",
+            "pgfence/web/static/pgfence.css"} <= names
     assert "pgfence-0.2.0.dist-info/licenses/LICENSE" in names
     assert "License-Expression: MIT" in metadata
     assert "pgfence = pgfence.cli.main:main" in entry_points

@@ -47,7 +47,7 @@ def _options(parser: argparse.ArgumentParser, command: str) -> set[str]:
     return {s for action in sub.choices[command]._actions for s in action.option_strings}
 
 
-@pytest.mark.parametrize("command", ["work", "run", "enqueue", "status"])
+@pytest.mark.parametrize("command", ["work", "run", "enqueue", "status", "web"])
 def test_each_command_takes_exactly_its_declared_settings_as_flags(command):
     options = _options(build_parser(), command)
     declared = {d.flag for d in settings_mod.DECLARATIONS.values() if not d.hidden}
@@ -69,7 +69,8 @@ def test_every_setting_is_read_from_its_environment_variable_flag_and_toml_key(t
               "lost_lease_kill_after": 3.0, "idle_in_transaction_timeout": 90.0, "metrics_host": "0.0.0.0",
               "metrics_port": 9500, "metrics_dir": "/run/m", "listen": False, "prepare": False,
               "vacuum_warn_dead_tuples": 50000, "vacuum_warn_horizon": 120.0, "self_vacuum_dead_tuples": 20000,
-              "periodic_grace": 20.0}
+              "periodic_grace": 20.0, "web_host": "0.0.0.0", "web_port": 8500, "web_read_only": True,
+              "web_redact_payloads": True}
     # Schedules are tables, with no flag: test_periodic_units reads them
     # from TOML and from the environment.
     assert [d.name for d in settings_mod.DECLARATIONS.values() if not d.hidden and not d.commands] == ["periodic"]
@@ -82,12 +83,18 @@ def test_every_setting_is_read_from_its_environment_variable_flag_and_toml_key(t
         return str(value).lower() if isinstance(value, bool) else str(value)
 
     from_env = settings_mod.load({}, env={d.env: text(values[d.name]) for d in users})
-    argv = ["run"]
-    for d in users:
-        argv += ([d.flag] if values[d.name] else ["--no-" + d.flag[2:]]) if d.is_boolean \
-            else [d.flag, text(values[d.name])]
-    args = build_parser().parse_args(argv)
-    from_cli = settings_mod.load({d.name: getattr(args, d.name) for d in users}, env={})
+    given = {}
+    # Each setting through the command that takes it: run, or web.
+    for command in ("run", "web"):
+        argv = [command]
+        takers = [d for d in users if command in d.commands]
+        for d in takers:
+            argv += ([d.flag] if values[d.name] else ["--no-" + d.flag[2:]]) if d.is_boolean \
+                else [d.flag, text(values[d.name])]
+        args = build_parser().parse_args(argv)
+        given |= {d.name: getattr(args, d.name) for d in takers}
+    assert sorted(given) == sorted(values)
+    from_cli = settings_mod.load(given, env={})
     toml = tmp_path / "pgfence.toml"
     toml.write_text("\n".join(f'{d.name.replace("_", "-")} = {text(values[d.name])!r}' for d in users)
                     .replace("'", '"'))
@@ -182,16 +189,18 @@ def test_a_fresh_migrate_creates_pgfence_tables_only_and_the_examples_create_the
     out = run_pgfence("migrate", dsn=empty_dsn)
     assert out.returncode == 0, out.stderr
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert _tables(conn) == [("pgfence", "job_history"), ("pgfence", "jobs"), ("pgfence", "kinds"),
-                                 ("pgfence", "migrations"), ("pgfence", "schedule_ticks"), ("pgfence", "schedules")]
+        assert _tables(conn) == [("pgfence", "job_attempts"), ("pgfence", "job_history"), ("pgfence", "jobs"),
+                                 ("pgfence", "kinds"), ("pgfence", "migrations"), ("pgfence", "queue_pauses"),
+                                 ("pgfence", "schedule_ticks"), ("pgfence", "schedules"), ("pgfence", "supervisors")]
         assert scalar(conn, "SELECT count(*) FROM pg_namespace WHERE nspname = 'pgfence_examples'") == 0
         # 0002 is recorded (its file stays, empty) so that versions have no gap.
         assert conn.execute("SELECT name FROM pgfence.migrations WHERE version = 2").fetchall() == \
             [("handler_tables",)]
         for _ in range(2):                                   # idempotent
             tables.create_tables(conn)
-        assert _tables(conn) == [("pgfence", "job_history"), ("pgfence", "jobs"), ("pgfence", "kinds"),
-                                 ("pgfence", "migrations"), ("pgfence", "schedule_ticks"), ("pgfence", "schedules"),
+        assert _tables(conn) == [("pgfence", "job_attempts"), ("pgfence", "job_history"), ("pgfence", "jobs"),
+                                 ("pgfence", "kinds"), ("pgfence", "migrations"), ("pgfence", "queue_pauses"),
+                                 ("pgfence", "schedule_ticks"), ("pgfence", "schedules"), ("pgfence", "supervisors"),
                                  ("pgfence_examples", "effects"),
                                  ("pgfence_examples", "receipts")]
         assert migrate.pending(conn) == []

@@ -92,6 +92,8 @@ SELECT v.id, r.id IS NOT NULL AS requeued, CASE WHEN r.id IS NULL THEN coalesce(
 -- Cancel queued or running jobs: they leave pgfence.jobs for history as
 -- cancelled.  A running job's owner learns it at its next renewal (reason
 -- cancelled), and its completion finds no row it owns: the fence refuses it.
+-- The attempt of each running job cancelled is recorded in
+-- pgfence.job_attempts (outcome cancelled).
 WITH moved AS (
     DELETE FROM pgfence.jobs
      WHERE id IN (SELECT id FROM pgfence.jobs
@@ -99,12 +101,24 @@ WITH moved AS (
                    ORDER BY id
                      FOR UPDATE)
        AND status IN ('queued', 'running')
-    RETURNING id, now(), created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims,
-              priority, putbacks, 'cancelled', queue, kind, dedupe_key, payload,
-              coalesce(last_error, 'cancelled by an operator'), last_traceback
+    RETURNING id, now() AS finished_at, created_at, run_at, started_at, attempt, max_attempts, reclaims,
+              max_reclaims, priority, putbacks, 'cancelled' AS status, queue, kind, dedupe_key, payload,
+              coalesce(last_error, 'cancelled by an operator') AS last_error, last_traceback,
+              locked_by AS worker, status AS was
+), archived AS (
+    INSERT INTO pgfence.job_history
+    SELECT id, finished_at, created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims,
+           priority, putbacks, status, queue, kind, dedupe_key, payload, last_error, last_traceback, worker
+      FROM moved
+    RETURNING id
+), noted AS (
+    INSERT INTO pgfence.job_attempts (job_id, attempt, worker, started_at, outcome, detail)
+    SELECT id, attempt, worker, started_at, 'cancelled', 'cancelled by an operator while running'
+      FROM moved
+     WHERE was = 'running'
+    ON CONFLICT DO NOTHING
 )
-INSERT INTO pgfence.job_history SELECT * FROM moved
-RETURNING id;
+SELECT id FROM archived;
 
 -- name: prune_batch
 -- Delete up to %(batch)s finished jobs older than the retention from the
@@ -181,3 +195,16 @@ SELECT id, queue, kind, attempt, attempt - putbacks AS spent, max_attempts, recl
 -- process holds it: every worker runs the maintenance, and one at a time is
 -- enough (the others find the work done, or do it at their next round).
 SELECT pg_try_advisory_xact_lock(%(key)s);
+
+-- name: prune_attempts
+-- Delete up to %(batch)s rows of pgfence.job_attempts that ended more than
+-- %(retention)s seconds ago, oldest first (job_attempts_ended_idx): attempt
+-- rows follow the history's retention.  Called in a loop until it deletes
+-- fewer than a batch.
+DELETE FROM pgfence.job_attempts
+ WHERE ctid IN (
+    SELECT ctid FROM pgfence.job_attempts
+     WHERE ended_at < now() - make_interval(secs => %(retention)s::float8)
+     ORDER BY ended_at
+     LIMIT %(batch)s
+       FOR UPDATE SKIP LOCKED);

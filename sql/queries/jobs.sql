@@ -4,8 +4,9 @@
 -- (reclaims), highest priority first, then oldest run_at, then id.  Every
 -- claim bumps attempt, the fencing token.  A reclaim on the final attempt,
 -- or past max_reclaims, turns the job failed instead of running it again,
--- and moves it to pgfence.job_history in the same statement
--- (pgfence.fail_claimed, migration 0009).
+-- and moves it to pgfence.job_history in the same statement; the lost
+-- attempt of every reclaim is recorded in pgfence.job_attempts
+-- (pgfence.settle_reclaims, migration 0012).
 -- prev_status tells reclaims apart.  The attempts spent are attempt -
 -- putbacks: a put-back (put_back_unknown) is a claim that ran nothing.
 -- The verdict is computed from the row versions that FOR UPDATE locked, never
@@ -30,7 +31,8 @@ WITH candidates AS (
      CROSS JOIN LATERAL (
         SELECT * FROM (
             SELECT id, status AS prev_status, attempt - putbacks AS spent, max_attempts,
-                   reclaims AS new_reclaims, max_reclaims, priority, run_at
+                   reclaims AS new_reclaims, max_reclaims, priority, run_at, attempt,
+                   NULL::text AS locked_by, NULL::timestamptz AS started_at, NULL::timestamptz AS lease_until
               FROM pgfence.jobs
              WHERE queue = wanted.queue AND status = 'queued' AND run_at <= now()
                AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
@@ -41,7 +43,7 @@ WITH candidates AS (
         UNION ALL
         SELECT * FROM (
             SELECT id, status, attempt - putbacks, max_attempts,
-                   reclaims + 1, max_reclaims, priority, run_at
+                   reclaims + 1, max_reclaims, priority, run_at, attempt, locked_by, started_at, lease_until
               FROM pgfence.jobs
              WHERE %(reclaim)s::boolean
                AND queue = wanted.queue AND status = 'running' AND lease_until < now()
@@ -54,7 +56,7 @@ WITH candidates AS (
      ORDER BY c.priority DESC, c.run_at, c.id
      LIMIT %(batch)s
 ), decided AS (
-    SELECT id, prev_status, new_reclaims,
+    SELECT id, prev_status, new_reclaims, attempt, locked_by, started_at, lease_until,
            CASE
                WHEN spent >= max_attempts THEN
                    CASE WHEN prev_status = 'running'
@@ -66,10 +68,17 @@ WITH candidates AS (
            END AS verdict
       FROM candidates
 ), failed AS (
-    -- A verdict ends the job: it leaves for history in this statement,
-    -- through a function that touches history only when there is one.
+    -- A reclaim's lost attempt is recorded in pgfence.job_attempts, and a
+    -- verdict ends the job: it leaves for history in this statement.  Both
+    -- through a function that touches those tables only when there are
+    -- reclaims or verdicts.
     SELECT f.*, d.prev_status
-      FROM pgfence.fail_claimed(
+      FROM pgfence.settle_reclaims(
+               ARRAY(SELECT id FROM decided WHERE prev_status = 'running' ORDER BY id),
+               ARRAY(SELECT attempt FROM decided WHERE prev_status = 'running' ORDER BY id),
+               ARRAY(SELECT locked_by FROM decided WHERE prev_status = 'running' ORDER BY id),
+               ARRAY(SELECT started_at FROM decided WHERE prev_status = 'running' ORDER BY id),
+               ARRAY(SELECT lease_until FROM decided WHERE prev_status = 'running' ORDER BY id),
                ARRAY(SELECT id FROM decided WHERE verdict IS NOT NULL ORDER BY id),
                ARRAY(SELECT new_reclaims FROM decided WHERE verdict IS NOT NULL ORDER BY id),
                ARRAY(SELECT verdict FROM decided WHERE verdict IS NOT NULL ORDER BY id)) AS f
@@ -106,7 +115,8 @@ WITH moved AS (
     DELETE FROM pgfence.jobs
      WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
     RETURNING id, now(), created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims,
-              priority, putbacks, 'done', queue, kind, dedupe_key, payload, last_error, last_traceback
+              priority, putbacks, 'done', queue, kind, dedupe_key, payload, last_error, last_traceback,
+              locked_by
 )
 INSERT INTO pgfence.job_history SELECT * FROM moved
 RETURNING id;
@@ -142,7 +152,7 @@ WITH owned AS (
      WHERE j.id = o.id
     RETURNING j.id, now(), j.created_at, j.run_at, j.started_at, j.attempt, j.max_attempts, j.reclaims,
               j.max_reclaims, j.priority, j.putbacks, 'done', j.queue, j.kind, j.dedupe_key, j.payload,
-              j.last_error, j.last_traceback
+              j.last_error, j.last_traceback, j.locked_by
 )
 INSERT INTO pgfence.job_history SELECT * FROM moved
 RETURNING id;
@@ -153,13 +163,22 @@ RETURNING id;
 -- with %(final)s, failed and moved to history.  The two branches exclude
 -- each other by the same test, so exactly one of them takes an owned job;
 -- a stale worker's report matches neither.  last_traceback is the error's
--- traceback, or NULL when it has none.
-WITH moved AS (
+-- traceback, or NULL when it has none.  The attempt is recorded in
+-- pgfence.job_attempts (%(outcome)s: error or timeout, with the error as
+-- its detail) when either branch took the job; its worker and start come
+-- from the row as this statement's snapshot saw it (the update clears
+-- locked_by, and its RETURNING gives the new values only).
+WITH mine AS (
+    SELECT locked_by, started_at
+      FROM pgfence.jobs
+     WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+), moved AS (
     DELETE FROM pgfence.jobs
      WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
        AND (attempt - putbacks >= max_attempts OR %(final)s)
     RETURNING id, now(), created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims,
-              priority, putbacks, 'failed', queue, kind, dedupe_key, payload, %(error)s::text, %(traceback)s::text
+              priority, putbacks, 'failed', queue, kind, dedupe_key, payload, %(error)s::text, %(traceback)s::text,
+              locked_by
 ), archived AS (
     INSERT INTO pgfence.job_history SELECT * FROM moved
     RETURNING status, queue, kind, attempt - putbacks AS spent, max_attempts
@@ -175,6 +194,12 @@ WITH moved AS (
      WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
        AND NOT (attempt - putbacks >= max_attempts OR %(final)s)
     RETURNING status, queue, kind, attempt - putbacks AS spent, max_attempts
+), noted AS (
+    INSERT INTO pgfence.job_attempts (job_id, attempt, worker, started_at, outcome, detail)
+    SELECT %(id)s, %(attempt)s, m.locked_by, m.started_at, %(outcome)s, %(error)s
+      FROM mine m
+     WHERE EXISTS (SELECT 1 FROM archived) OR EXISTS (SELECT 1 FROM retried)
+    ON CONFLICT DO NOTHING
 )
 SELECT * FROM archived
 UNION ALL
@@ -194,7 +219,8 @@ WITH moved AS (
      WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
        AND created_at <= now() - make_interval(secs => %(give_up)s::float8)
     RETURNING id, now(), created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims,
-              priority, putbacks, 'failed', queue, kind, dedupe_key, payload, %(error)s::text, NULL::text
+              priority, putbacks, 'failed', queue, kind, dedupe_key, payload, %(error)s::text, NULL::text,
+              locked_by
 ), archived AS (
     INSERT INTO pgfence.job_history SELECT * FROM moved
     RETURNING status
@@ -264,15 +290,49 @@ SELECT extract(epoch FROM min(r.lease_until) - now())::float8
 -- name: release
 -- Fenced release: hands a claimed job back to the queue at once, for a job
 -- never started (shutdown) or one whose worker died (%(reclaim)s counts it
--- against the reclaim budget).
-UPDATE pgfence.jobs
-   SET status      = 'queued',
-       locked_by   = NULL,
-       lease_until = NULL,
-       reclaims    = reclaims + CASE WHEN %(reclaim)s THEN 1 ELSE 0 END,
-       last_error  = coalesce(%(reason)s, last_error)
- WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
-RETURNING id, queue, kind;
+-- against the reclaim budget).  The attempt is recorded in
+-- pgfence.job_attempts as released, %(detail)s saying why (its worker and
+-- start as in fail_or_retry).
+WITH mine AS (
+    SELECT locked_by, started_at
+      FROM pgfence.jobs
+     WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+), released AS (
+    UPDATE pgfence.jobs
+       SET status      = 'queued',
+           locked_by   = NULL,
+           lease_until = NULL,
+           reclaims    = reclaims + CASE WHEN %(reclaim)s THEN 1 ELSE 0 END,
+           last_error  = coalesce(%(reason)s, last_error)
+     WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+    RETURNING id, queue, kind
+), noted AS (
+    INSERT INTO pgfence.job_attempts (job_id, attempt, worker, started_at, outcome, detail)
+    SELECT %(id)s, %(attempt)s, m.locked_by, m.started_at, 'released', %(detail)s
+      FROM mine m
+     WHERE EXISTS (SELECT 1 FROM released)
+    ON CONFLICT DO NOTHING
+)
+SELECT id, queue, kind FROM released;
+
+-- name: note_fence_rejected
+-- Record the attempts whose completion the fence refused (outcome
+-- fence_rejected), after their transaction was rolled back: %(ids)s and
+-- %(attempts)s, run by %(worker)s for %(ran)s seconds each.  The detail
+-- says what had happened to the job: another attempt holds it, it went
+-- back to the queue (released, retried), or it had ended (cancelled,
+-- failed, done by another attempt).
+INSERT INTO pgfence.job_attempts (job_id, attempt, worker, started_at, outcome, detail)
+SELECT f.id, f.attempt, %(worker)s, now() - make_interval(secs => f.ran), 'fence_rejected',
+       'completion refused by the fence: ' || coalesce(
+           (SELECT CASE WHEN j.attempt <> f.attempt THEN format('attempt %%s holds the job now', j.attempt)
+                        ELSE 'the job went back to the queue meanwhile' END
+              FROM pgfence.jobs j WHERE j.id = f.id),
+           (SELECT format('the job was %%s meanwhile', h.status) FROM pgfence.job_history h
+             WHERE h.id = f.id ORDER BY h.finished_at DESC LIMIT 1),
+           'the job no longer exists')
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(ran)s::float8[]) AS f(id, attempt, ran)
+ON CONFLICT DO NOTHING;
 
 -- name: enqueue
 -- Enqueue one job through the SQL function, in the caller's transaction.
@@ -291,7 +351,8 @@ WITH moved AS (
     DELETE FROM pgfence.jobs
      WHERE id = %(id)s
     RETURNING id, now(), created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims,
-              priority, putbacks, 'done', queue, kind, dedupe_key, payload, last_error, last_traceback
+              priority, putbacks, 'done', queue, kind, dedupe_key, payload, last_error, last_traceback,
+              locked_by
 ), archived AS (
     INSERT INTO pgfence.job_history SELECT * FROM moved
     RETURNING id

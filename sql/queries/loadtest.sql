@@ -48,7 +48,7 @@ WITH moved AS (
      WHERE queue = %(queue)s AND status IN ('queued', 'running')
     RETURNING id, now(), created_at, run_at, started_at, attempt, max_attempts, reclaims, max_reclaims,
               priority, putbacks, 'cancelled', queue, kind, dedupe_key, payload,
-              'cancelled: the load test ended before this job', last_traceback
+              'cancelled: the load test ended before this job', last_traceback, locked_by
 )
 INSERT INTO pgfence.job_history SELECT * FROM moved;
 

@@ -1,5 +1,5 @@
-"""Operator commands: status, failed, retry, cancel.  Each returns plain
-data, which the CLI prints as a table or as JSON."""
+"""Operator commands: status, failed, retry, cancel, pause, resume.  Each
+returns plain data, which the CLI prints as a table or as JSON."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from typing import Any, NamedTuple
 
 import psycopg
 
+from pgfence import names
 from pgfence.store import admin as store
-from pgfence.store import db
+from pgfence.store import db, operations
 
 
 #: Up to this many rows of history (by the catalog's estimate), ``status``
@@ -96,3 +97,26 @@ def failed(conn: psycopg.Connection, *, limit: int = 20, queue: str | None = Non
          "traceback": r.last_traceback}
         for r in rows
     ]
+
+
+def pause(conn: psycopg.Connection, queue: str, *, by: str | None = None) -> str:
+    """Pause ``queue`` (its jobs are no longer claimed; running ones
+    finish); what was done, as one line.  Idempotent."""
+    names.check(queue, "queue")
+    with db.translated(), conn.transaction():
+        done = operations.pause(conn, queue, by=by)
+        if done is not None:
+            return f"paused queue {queue}: its jobs are not claimed until `pgfence resume {queue}`"
+        since = {p.queue: p.paused_at for p in operations.pauses(conn)}.get(queue)
+    when = f" (since {since.isoformat(timespec='seconds')})" if since else ""
+    return f"queue {queue} was already paused{when}"
+
+
+def resume(conn: psycopg.Connection, queue: str) -> str:
+    """Resume a paused ``queue``; what was done, as one line.  Idempotent."""
+    names.check(queue, "queue")
+    with db.translated(), conn.transaction():
+        done = operations.resume(conn, queue)
+    if done is not None:
+        return f"resumed queue {queue}"
+    return f"queue {queue} was not paused"

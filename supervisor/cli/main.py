@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 
 from pgfence.cli import admin, periodic
-from pgfence import bounds
+from pgfence import bounds, names
 from pgfence.store import db
 from pgfence.store import embedded
 from pgfence import errortext
@@ -143,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("web", help="the web dashboard: queues, jobs, attempts; retry, cancel, pause (extra: web)")
+    _common(p)
+    _config_option(p)
+    _setting_options(p, "web")
+
     p = sub.add_parser("retry", help="queue failed or cancelled jobs again")
     _common(p)
     p.add_argument("ids", nargs="*", type=int)
@@ -151,6 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cancel", help="cancel queued or running jobs")
     _common(p)
     p.add_argument("ids", nargs="+", type=int)
+
+    p = sub.add_parser("pause", help="stop claiming a queue's jobs (running ones finish)")
+    _common(p)
+    p.add_argument("queue")
+
+    p = sub.add_parser("resume", help="claim a paused queue's jobs again")
+    _common(p)
+    p.add_argument("queue")
 
     p = sub.add_parser("prune", help="delete finished jobs older than the retention, once")
     _common(p)
@@ -471,6 +484,34 @@ def cmd_periodic(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The environment variable that holds the dashboard's password.
+WEB_PASSWORD_ENV = "PGFENCE_WEB_PASSWORD"
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    from pgfence.web import serve
+
+    settings = _command_settings(args)
+    password = os.environ.get(WEB_PASSWORD_ENV) or None
+    serve.check_host(settings.web_host, password)
+    # Refused before anything listens: the web extra missing, the database
+    # unreachable, the schema not migrated.
+    serve.check_installed()
+    dsn, conn = _connect(args)
+    with conn:
+        missing = migrate.pending(conn)
+    if missing:
+        raise SchemaMissing(f"pgfence schema is not up to date ({len(missing)} migration(s) pending): "
+                            "run 'pgfence migrate'")
+    sock = serve.bind(settings.web_host, settings.web_port)
+    log.info("pgfence web on http://%s:%d/ (database %s%s%s%s)", serve.shown_host(settings.web_host),
+             settings.web_port, db.redact(dsn), ", read-only" if settings.web_read_only else "",
+             ", payloads redacted" if settings.web_redact_payloads else "",
+             ", password required" if password else "")
+    return serve.run(sock, dsn, read_only=settings.web_read_only, redact_payloads=settings.web_redact_payloads,
+                     password=password, log_level=args.log_level)
+
+
 def cmd_retry(args: argparse.Namespace) -> int:
     if not args.ids and not args.failed:
         raise ConfigError("pgfence retry: give job ids or --failed")
@@ -494,6 +535,22 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0 if ids else 1
 
 
+def cmd_pause(args: argparse.Namespace) -> int:
+    names.check(args.queue, "queue")   # before connecting: a bad name is a usage error
+    _dsn_value, conn = _connect(args)
+    with conn:
+        print(admin.pause(conn, args.queue, by=f"cli {socket.gethostname()}:{os.getpid()}"))
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    names.check(args.queue, "queue")
+    _dsn_value, conn = _connect(args)
+    with conn:
+        print(admin.resume(conn, args.queue))
+    return 0
+
+
 def cmd_prune(args: argparse.Namespace) -> int:
     seconds = settings_mod.parse_duration("--retention", args.retention)
     bounds.check("retention", seconds, label="--retention")
@@ -501,7 +558,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
     with conn:
         done = retention.maintain(conn, seconds)
     ticks = f", deleted {done.ticks} tick(s) of schedules" if done.ticks else ""
-    print(f"dropped {done.dropped} day partition(s) of history, deleted {done.deleted} finished job(s){ticks}")
+    attempts = f", deleted {done.attempts} attempt row(s)" if done.attempts else ""
+    print(f"dropped {done.dropped} day partition(s) of history, deleted {done.deleted} finished job(s)"
+          f"{ticks}{attempts}")
     return 0
 
 
@@ -559,8 +618,9 @@ def cmd_embedded(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "migrate": cmd_migrate, "work": cmd_work, "run": cmd_run, "enqueue": cmd_enqueue, "status": cmd_status,
-    "failed": cmd_failed, "periodic": cmd_periodic,
-    "retry": cmd_retry, "cancel": cmd_cancel, "prune": cmd_prune, "demo": cmd_demo, "dsn": cmd_dsn,
+    "failed": cmd_failed, "periodic": cmd_periodic, "web": cmd_web,
+    "retry": cmd_retry, "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_resume, "prune": cmd_prune,
+    "demo": cmd_demo, "dsn": cmd_dsn,
     "loadtest": cmd_loadtest, "embedded": cmd_embedded,
 }
 

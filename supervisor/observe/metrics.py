@@ -58,6 +58,8 @@ QUEUE_JOBS = Gauge("pgfence_queue_jobs", "Jobs by queue and status, refreshed at
 QUEUE_OLDEST_AGE = Gauge("pgfence_queue_oldest_job_age_seconds",
                          "Age of the oldest queued job whose run_at has come (0 if none).",
                          ["queue"], multiprocess_mode="livemax")
+QUEUE_PAUSED = Gauge("pgfence_queue_paused", "1 if the queue is paused (pgfence pause: its jobs are not claimed), "
+                     "else 0; refreshed with the queue gauges.", ["queue"], multiprocess_mode="livemax")
 JOBS_IN_FLIGHT = Gauge("pgfence_jobs_in_flight", "Jobs the workers hold and run now, by queue.", ["queue"],
                        multiprocess_mode="livesum")
 WORKER_CAPACITY = Gauge("pgfence_worker_capacity",

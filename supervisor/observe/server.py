@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import psycopg
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from pgfence.store import admin, db
+from pgfence.store import admin, db, operations
 from pgfence.observe.collect import TolerantCollector
 from pgfence.store.vacuum import vacuum_stats
 from pgfence.observe import metrics
@@ -61,7 +61,10 @@ class MetricsServer:
         self._stop = threading.Event()
         self._seen: set[tuple[str, str]] = set()
         self._queues: set[str] = set()
+        self._paused_known: set[str] = set()
         settings = settings or Settings()
+        #: The queues this supervisor serves (their paused gauge reads 0 from the start).
+        self.served = tuple(settings.queues)
         self.vacuum = VacuumWatch(settings.vacuum_warn_dead_tuples, settings.vacuum_warn_horizon)
         #: One collector for every scrape (it reads the files afresh each
         #: time), so that a bad file is logged once, not at every scrape.
@@ -108,8 +111,10 @@ class MetricsServer:
     # -- queue gauges ---------------------------------------------------------------
 
     def refresh_queues(self) -> int:
-        """Set the queue gauges from one query; return the rows read."""
+        """Set the queue gauges from one query (and the paused gauge from
+        another); return the rows read."""
         rows = self._query(admin.queue_gauges)
+        paused = {p.queue for p in self._query(operations.pauses)}
         seen = set()
         oldest: dict[str, float] = {}
         for row in rows:
@@ -123,6 +128,11 @@ class MetricsServer:
         self._queues |= set(oldest)
         for queue in self._queues:
             metrics.QUEUE_OLDEST_AGE.labels(queue).set(oldest.get(queue, 0.0))
+        # Every queue served, seen or paused reads 1 or 0: a resumed queue
+        # drops back to 0 rather than keep its old value.
+        self._paused_known |= set(self.served) | self._queues | paused
+        for queue in self._paused_known:
+            metrics.QUEUE_PAUSED.labels(queue).set(1 if queue in paused else 0)
         return len(rows)
 
     def refresh_vacuum(self) -> list[str]:

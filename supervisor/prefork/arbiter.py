@@ -156,6 +156,9 @@ class Arbiter:
         #: In every child's name: tells this supervisor's children from
         #: another's with the same host name and pids (see child.new_instance_id).
         self.instance = child.new_instance_id()
+        #: When this supervisor started (wall clock): its started_at in
+        #: pgfence.supervisors, kept across heartbeat manager restarts.
+        self.started = time.time()
         self.reload_settings = reload_settings
         self.target = settings.workers
         self.children: dict[int, Child] = {}
@@ -395,7 +398,8 @@ class Arbiter:
             self._close_inherited()
             # Looked up at each start (not imported by name), so that a
             # handler module loaded before the fork may replace it in tests.
-            return renewal_process.main(self.dsn, self.settings, self.table, self.liveness, self.instance)
+            return renewal_process.main(self.dsn, self.settings, self.table, self.liveness, self.instance,
+                                        self.started)
 
         return self._fork_helper("heartbeat manager", main)
 

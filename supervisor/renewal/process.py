@@ -27,6 +27,7 @@ from pgfence import registry
 from pgfence.backoff import Backoff
 from pgfence.scheduling.declared import declared
 from pgfence.scheduling.scheduler import Scheduler
+from pgfence.renewal.presence import Presence, arbiter_started_at
 from pgfence.renewal.renewer import HeartbeatManager, renew_period
 from pgfence.worker.lease import Lease
 from pgfence.worker.vacuum import SelfVacuum
@@ -179,8 +180,10 @@ class RenewalProcess:
                      ", ".join(f"job {lease.id} attempt {lease.attempt} ({lease.lost_reason})" for lease in still_held))
 
 
-def main(dsn: str, settings: Settings, table: SlotTable, liveness: float, instance: str) -> int:
-    """The heartbeat process's life; returns its exit status."""
+def main(dsn: str, settings: Settings, table: SlotTable, liveness: float, instance: str,
+         started: float | None = None) -> int:
+    """The heartbeat process's life; returns its exit status.  ``started``
+    is when the supervisor started (``time.time()`` in the arbiter)."""
     parent = os.getppid()
     proctitle.set("pgfence heartbeat [0 leases]")
     stop = False
@@ -211,6 +214,10 @@ def main(dsn: str, settings: Settings, table: SlotTable, liveness: float, instan
     scheduler = Scheduler(dsn, schedules, grace=settings.periodic_grace) if schedules else None
     if scheduler is not None:
         scheduler.start()
+    # This supervisor's row of pgfence.supervisors, on a thread and a
+    # connection of its own (see pgfence.renewal.presence).
+    presence = Presence(dsn, table, instance=instance, arbiter_pid=parent, started_at=arbiter_started_at(started))
+    presence.start()
     next_at = time.monotonic()
     try:
         while not stop:
@@ -234,6 +241,7 @@ def main(dsn: str, settings: Settings, table: SlotTable, liveness: float, instan
                 os.read(wake_r, 512)
         process.release_orphans()
     finally:
+        presence.stop(remove=stop)
         if scheduler is not None:
             scheduler.stop()
         if vacuum is not None:

@@ -304,11 +304,13 @@ class HeartbeatManager:
             for job_id, attempt, reclaim, error in items:
                 outcome: jobs.Reported | jobs.Released | None
                 if error:
+                    # The only error reported here: killed past its timeout.
                     outcome = jobs.fail_or_retry(conn, job_id, attempt, error=error, traceback=None, final=False,
-                                                 backoff=self.backoff)
+                                                 backoff=self.backoff, outcome="timeout")
                 else:
                     outcome = jobs.release(conn, job_id, attempt, reclaim=reclaim,
-                                           reason="worker died" if reclaim else None)
+                                           reason="worker died" if reclaim else None,
+                                           detail="worker died" if reclaim else "its worker stopped before it ended")
                 done += outcome is not None
         return done
 

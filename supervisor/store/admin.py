@@ -147,3 +147,9 @@ def maintenance_try_lock(conn: psycopg.Connection, key: int) -> bool:
     """Take the maintenance lock ``key`` until the transaction ends, if free."""
     row = conn.execute(q("maintenance_try_lock"), {"key": key}).fetchone()
     return bool(row and row[0])
+
+
+def prune_attempts(conn: psycopg.Connection, *, retention: float, batch: int) -> int:
+    """Delete up to ``batch`` attempt rows that ended more than ``retention``
+    seconds ago; how many it deleted."""
+    return conn.execute(q("prune_attempts"), {"retention": retention, "batch": batch}).rowcount

@@ -173,15 +173,24 @@ class Reported(NamedTuple):
     delay: float
 
 
+#: The outcomes of an attempt recorded in pgfence.job_attempts (migration 0012).
+ATTEMPT_OUTCOMES = ("error", "lease_lost", "fence_rejected", "released", "cancelled", "timeout")
+
+
 def fail_or_retry(conn: psycopg.Connection, job_id: int, attempt: int, *, error: str, traceback: str | None,
-                  final: bool, backoff: Backoff) -> Reported | None:
+                  final: bool, backoff: Backoff, outcome: str = "error") -> Reported | None:
     """Fenced error report: the job goes back to the queue after the
     ``backoff`` delay of ``attempt``, or fails once its attempts are spent
-    (or with ``final``).  Counts it retried or failed.  None when this
-    attempt no longer owns the job: nothing was written."""
+    (or with ``final``), and the attempt is recorded in pgfence.job_attempts
+    (``outcome``: "error" or "timeout", with ``error`` as its detail).
+    Counts it retried or failed.  None when this attempt no longer owns the
+    job: nothing was written."""
+    if outcome not in ("error", "timeout"):
+        raise ValueError(f"fail_or_retry records an error or a timeout, not {outcome!r}")
     delay = backoff.delay(attempt)
     row = conn.execute(q("fail_or_retry"), {"id": job_id, "attempt": attempt, "error": error,
-                                            "traceback": traceback, "final": final, "backoff": delay}).fetchone()
+                                            "traceback": traceback, "final": final, "backoff": delay,
+                                            "outcome": outcome}).fetchone()
     if row is None:
         return None
     status, queue, kind, spent, max_attempts = row
@@ -214,18 +223,42 @@ class Released(NamedTuple):
 
 
 def release(conn: psycopg.Connection, job_id: int, attempt: int, *, reclaim: bool = False,
-            reason: str | None = None) -> Released | None:
+            reason: str | None = None, detail: str | None = None) -> Released | None:
     """Fenced release: the job goes back to the queue at once (``reclaim``
     counts it against its reclaim budget, ``reason`` becomes its last
-    error).  Counts it released.  None when this attempt no longer owns it."""
-    row = conn.execute(q("release"), {"id": job_id, "attempt": attempt, "reclaim": reclaim,
-                                      "reason": reason}).fetchone()
+    error), and the attempt is recorded in pgfence.job_attempts as released
+    (``detail``, else ``reason``, else "released", saying why).  Counts it
+    released.  None when this attempt no longer owns it."""
+    row = conn.execute(q("release"), {"id": job_id, "attempt": attempt, "reclaim": reclaim, "reason": reason,
+                                      "detail": detail or reason or "released"}).fetchone()
     if row is None:
         return None
     released = Released._make(row)
     from pgfence.observe import metrics   # see _metrics_later
     metrics.JOBS_RELEASED.labels(released.queue, released.kind).inc()
     return released
+
+
+def _rejected_params(ids: Sequence[int], attempts: Sequence[int], ran: Sequence[float],
+                     worker: str) -> dict[str, str]:
+    return {"ids": db.array_literal(ids), "attempts": db.array_literal(attempts),
+            "ran": db.array_literal([max(0.0, r) for r in ran]), "worker": worker}
+
+
+def note_fence_rejected(conn: psycopg.Connection, ids: Sequence[int], attempts: Sequence[int],
+                        ran: Sequence[float], *, worker: str) -> None:
+    """Record in pgfence.job_attempts the attempts of ``worker`` whose
+    completion the fence refused (``ran``: seconds since each started), in
+    one statement, after their transactions were rolled back."""
+    if ids:
+        conn.execute(q("note_fence_rejected"), _rejected_params(ids, attempts, ran, worker))
+
+
+async def note_fence_rejected_async(conn: psycopg.AsyncConnection, ids: Sequence[int], attempts: Sequence[int],
+                                    ran: Sequence[float], *, worker: str) -> None:
+    """:func:`note_fence_rejected` on an async connection."""
+    if ids:
+        await conn.execute(q("note_fence_rejected"), _rejected_params(ids, attempts, ran, worker))
 
 
 def _seconds(conn: psycopg.Connection, name: str, queues: Sequence[str]) -> float | None:

@@ -504,9 +504,11 @@ class ConcurrentWorker(Worker):
                     "job up; %s", job.id, errortext.one_line(job.kind), job.attempt,
                     self.settings.lost_lease_kill_after, reason, what)
         if reason == "timeout":
-            self._fail(job, f"timed out after {job.lease.timeout:g}s; worker recycled", final=False)
+            self._fail(job, f"timed out after {job.lease.timeout:g}s; worker recycled", final=False,
+                       outcome="timeout")
         elif reason in ("renewal_failed", "expired"):
-            self.release(job, retry_later=True)
+            self.release(job, retry_later=True, detail=f"lease lost ({reason}) and its handler still ran "
+                                                       f"{self.settings.lost_lease_kill_after:g}s later: given up")
         elif self.heartbeat is not None:
             self.heartbeat.untrack(job.lease)
         if self.heartbeat is not None:
@@ -564,7 +566,7 @@ class ConcurrentWorker(Worker):
                 self._wake.wait_along(self._conn.fileno(), seconds)
                 self._wake.clear()
                 notes = list(self._conn.notifies(timeout=0))
-            woken = any(note.payload in self.settings.queues or not note.payload for note in notes)
+            woken = self._woken(notes)
         except (psycopg.Error, OSError):
             self._drop_connection()
             return
@@ -642,7 +644,8 @@ class ConcurrentWorker(Worker):
                     self._stop.wait(self.settings.poll_interval)
                     continue
                 if jobs:
-                    if self._drain_notifies() and time.monotonic() < self._next_claim_at:
+                    notified = self.notes_before_claim + self._drain_notifies()
+                    if notified and time.monotonic() < self._next_claim_at:
                         # An enqueue while idle: the dry side may have a job now.
                         self._next_claim_at = 0.0
                     self.dispatch_all(jobs)
@@ -700,6 +703,13 @@ class ConcurrentWorker(Worker):
             # claims; counted, since one read during a claim that then finds
             # nothing may come from an enqueue that claim did not see.
             self._notified += self._drain_notifies()
+            # A loop that never runs dry never parks: a pause must reach its
+            # claims all the same.
+            try:
+                self.refresh_pauses()
+            except DatabaseError as exc:
+                log.warning("%s", exc)
+                self._forget_connection(exc)
             return False
         outcome, claims.outcome = claims.outcome, None
         if isinstance(outcome, DatabaseError):
@@ -721,12 +731,14 @@ class ConcurrentWorker(Worker):
             return False
         try:
             self._release_unreleased()
+            self._drain_notifies()
+            # The loop's claims read self.paused: kept fresh from here.
+            self.refresh_pauses()
         except DatabaseError as exc:
             log.warning("%s", exc)
             self._forget_connection(exc)
             self._stop.wait(self.settings.poll_interval)
             return False
-        self._drain_notifies()
         self._notified = 0
         claims.resume()
         return False

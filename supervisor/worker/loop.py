@@ -16,14 +16,14 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from pgfence.store import db, pools, renewals
+from pgfence.store import db, operations, pools, renewals
 from pgfence.store import jobs as store
 from pgfence import errortext
 from pgfence.observe import metrics
@@ -142,6 +142,15 @@ class Worker:
         #: The pool jobs write on in a worker that runs many at once (None:
         #: they write on the worker's own connection).
         self.pool: ConnectionPool | None = None
+        #: The queues of settings.queues that are paused (left out of every
+        #: claim), as last read; read again before the next claim once
+        #: stale: a NOTIFY on pgfence_pauses, an idle wake, or, without
+        #: LISTEN, every poll interval.
+        self.paused: frozenset[str] = frozenset()
+        #: Notifications read just before the last claim.
+        self.notes_before_claim = 0
+        self._pauses_stale = True
+        self._pauses_read_at = 0.0
 
     # -- connection -----------------------------------------------------------
 
@@ -161,10 +170,55 @@ class Worker:
             # on: the worker polls instead.
             if self.settings.listen:
                 with db.translated(self.dsn):
-                    conn.execute("LISTEN pgfence_jobs")
+                    self._listen(conn)
             self._conn = conn
             self._listening = self.settings.listen
         return self._conn
+
+    @staticmethod
+    def _listen(conn: psycopg.Connection) -> None:
+        """Enqueues (pgfence_jobs) and pauses (pgfence_pauses) wake the worker."""
+        conn.execute("LISTEN pgfence_jobs")
+        conn.execute("LISTEN " + operations.PAUSES_CHANNEL)
+
+    # -- paused queues ------------------------------------------------------------
+
+    def active_queues(self) -> list[str]:
+        """The queues the claims take from: settings.queues but the paused."""
+        paused = self.paused
+        return [queue for queue in self.settings.queues if queue not in paused] if paused else \
+            list(self.settings.queues)
+
+    def refresh_pauses(self) -> None:
+        """Read which queues are paused, if the last reading is stale; on the
+        thread that claims (its connection).  The claim statement itself
+        never changes: paused queues are left out of its queue list."""
+        now = time.monotonic()
+        if not self._pauses_stale and (self._listening or now < self._pauses_read_at + self.settings.poll_interval):
+            return
+        with db.translated(self.dsn):
+            paused = operations.paused_among(self.conn, self.settings.queues)
+        self._pauses_stale = False
+        self._pauses_read_at = now
+        if paused != self.paused:
+            for queue in sorted(paused - self.paused):
+                log.info("worker %s: queue %s is paused: not claiming from it", self.name, errortext.one_line(queue))
+            for queue in sorted(self.paused - paused):
+                log.info("worker %s: queue %s resumed", self.name, errortext.one_line(queue))
+            self.paused = paused
+
+    def _woken(self, notes: Iterable[psycopg.Notify]) -> bool:
+        """Whether ``notes`` should wake an idle worker: an enqueue into one
+        of its active queues, or any pause or resume (which also makes the
+        pauses stale)."""
+        woken = False
+        for note in notes:
+            if note.channel == operations.PAUSES_CHANNEL:
+                self._pauses_stale = True
+                woken = True
+            elif not note.payload or (note.payload in self.settings.queues and note.payload not in self.paused):
+                woken = True
+        return woken
 
     def connect_with_retry(self) -> bool:
         """Connect, retrying with backoff while the database is unreachable
@@ -194,6 +248,11 @@ class Worker:
         """Claim up to ``batch`` jobs (of ``kinds`` only, or of every kind but
         ``not_kinds``, if given); return those to run (a reclaim past its
         budget comes back failed and is not returned)."""
+        # A pause notified while this worker was busy is read here, with
+        # the enqueues' notifications, which the claim below makes moot
+        # (it sees every job they announced).
+        self.notes_before_claim = self._drain_notifies()
+        self.refresh_pauses()
         args, sent_at = self.claim_args(batch, kinds, not_kinds)
         with db.translated(self.dsn):
             rows = store.claim(self.conn, **args)
@@ -212,7 +271,7 @@ class Worker:
         reclaim = sent_at >= self._next_reclaim_scan
         if reclaim:
             self._next_reclaim_scan = sent_at + min(RECLAIM_SCAN_INTERVAL, self.settings.lease / 10)
-        return {"queues": self.settings.queues, "batch": batch or self.settings.claim_size(with_async=False),
+        return {"queues": self.active_queues(), "batch": batch or self.settings.claim_size(with_async=False),
                 "worker": self.name, "lease": float(self.settings.lease), "lease_kinds": lease_kinds,
                 "lease_secs": lease_secs, "reclaim": reclaim, "kinds": kinds, "not_kinds": not_kinds}, sent_at
 
@@ -324,7 +383,10 @@ class Worker:
             log.warning("batched completion failed: %s", exc)
             self._forget_connection(exc)
             done, unavailable = set(), True
-        return self.settle(jobs, done, unavailable=unavailable)
+        refused = [] if unavailable else [job for job in jobs if job.id not in done]
+        completed = self.settle(jobs, done, unavailable=unavailable)
+        self.note_rejected(refused)
+        return completed
 
     def settle(self, jobs: list[Job], done: set[int], *, unavailable: bool) -> int:
         """After a batched completion: the jobs in ``done`` are completed,
@@ -389,7 +451,9 @@ class Worker:
             if exc.reason == "timeout":
                 # Still ours in the database: report the overrun as an error
                 # (fenced), so it is retried with backoff like any failure.
-                return self._fail(job, f"timed out after {job.lease.timeout:g}s", final=False)
+                return self._fail(job, f"timed out after {job.lease.timeout:g}s", final=False, outcome="timeout")
+            if exc.reason == "fence_rejected":
+                self.note_rejected([job])
             if exc.reason in ("renewal_failed", "expired"):
                 # The database was out of reach, or nobody renewed the lease
                 # in time; if nobody took the job meanwhile, hand it back now
@@ -401,7 +465,7 @@ class Worker:
                 # too (the deadline passed while the renewal that was to fail
                 # was still waiting for a connection): a release the
                 # database does not answer is retried either way.
-                self.release(job, retry_later=True)
+                self.release(job, retry_later=True, detail=f"lease lost ({exc.reason}): handed back")
             return LOST
         if isinstance(exc, PayloadRejected):
             return self._fail(job, f"payload rejected: {exc}", final=True, exc=exc)
@@ -423,16 +487,19 @@ class Worker:
                                "a def handler runs on a thread and nothing awaits what it returns; make it "
                                "async def", final=True)
 
-    def _fail(self, job: JobBase, error: str, *, final: bool, exc: BaseException | None = None) -> str:
+    def _fail(self, job: JobBase, error: str, *, final: bool, exc: BaseException | None = None,
+              outcome: str = "error") -> str:
         """Report a failed attempt through the fence (retry or fail), with
-        the traceback of ``exc`` if given, and log it at WARNING: kind, id,
-        attempt and the error's first line, escaped (never the payload)."""
+        the traceback of ``exc`` if given, recorded as ``outcome`` ("error"
+        or "timeout") in the job's attempts, and log it at WARNING: kind,
+        id, attempt and the error's first line, escaped (never the
+        payload)."""
         # The text comes from the handler: made storable (no NUL, no lone
         # surrogate), or the report itself fails and the worker with it.
         error = errortext.storable(error)[:2000]
         traceback = errortext.storable(errortext.format_traceback(exc)) if exc is not None else None
         try:
-            row = self._report_failure(job, error, traceback, final=final)
+            row = self._report_failure(job, error, traceback, final=final, outcome=outcome)
         except DatabaseError as exc:
             log.warning("job %s attempt %s: could not report its error (%s)", job.id, job.attempt, exc)
             self._forget_connection(exc)
@@ -462,7 +529,7 @@ class Worker:
         return RETRIED
 
     def _report_failure(self, job: JobBase, error: str, traceback: str | None, *,
-                        final: bool) -> store.Reported | None:
+                        final: bool, outcome: str = "error") -> store.Reported | None:
         """Run ``fail_or_retry``; should the server refuse the error text
         itself (a character the database encoding lacks, say), report the
         failure again with a plain text instead, so the attempt is still
@@ -471,7 +538,7 @@ class Worker:
             with self._conn_for(job) as conn:
                 return db.retrying(lambda: store.fail_or_retry(conn, job.id, job.attempt, error=error,
                                                                traceback=traceback, final=final,
-                                                               backoff=self.retry_backoff),
+                                                               backoff=self.retry_backoff, outcome=outcome),
                                    self.dsn, what="error report")
 
         try:
@@ -522,16 +589,17 @@ class Worker:
         return PUT_BACK
 
     def release(self, job: JobBase, *, reclaim: bool = False, reason: str | None = None,
-                retry_later: bool = False) -> bool:
+                retry_later: bool = False, detail: str | None = None) -> bool:
         """Hand a claimed job back to the queue (fenced); True if it was still
-        ours.  With ``retry_later``, a release the database did not answer
-        is tried again at the start of the next claim round."""
+        ours.  ``detail`` says why in the job's attempts (released).  With
+        ``retry_later``, a release the database did not answer is tried
+        again at the start of the next claim round."""
         if self.heartbeat is not None:
             self.heartbeat.untrack(job.lease)
         try:
             with self._conn_for(job) as conn:
                 released = db.retrying(lambda: store.release(conn, job.id, job.attempt, reclaim=reclaim,
-                                                             reason=reason),
+                                                             reason=reason, detail=detail),
                                        self.dsn, what="release")
         except DatabaseError as exc:
             log.warning("job %s attempt %s: could not release it (%s)%s", job.id, job.attempt, exc,
@@ -541,6 +609,23 @@ class Worker:
                 self._unreleased.append(job)
             return False
         return released is not None
+
+    def note_rejected(self, jobs: list[JobBase] | list[Job]) -> None:
+        """Record in the jobs' attempts that the fence refused the completion
+        of ``jobs`` (one small insert, after their transactions were rolled
+        back).  A failure is logged, not raised: the fence did its work, and
+        only the record for operators is missing."""
+        if not jobs:
+            return
+        now = time.monotonic()
+        ran = [now - (job.lease.started_at or job.lease.claimed_at) for job in jobs]
+        try:
+            with self._conn_for(jobs[0]) as conn, db.translated(self.dsn):
+                store.note_fence_rejected(conn, [job.id for job in jobs], [job.attempt for job in jobs], ran,
+                                          worker=self.name)
+        except DatabaseError as exc:
+            log.warning("could not record the refused completion of %d job(s): %s", len(jobs), exc)
+            self._forget_connection(exc)
 
     def _drop_connection(self) -> None:
         if self._conn is not None:
@@ -572,7 +657,8 @@ class Worker:
         database answers; DatabaseUnavailable while any is left."""
         pending, self._unreleased = self._unreleased, []
         for job in pending:
-            if self.release(job, retry_later=True):
+            if self.release(job, retry_later=True, detail="lease lost to an outage: handed back once the "
+                                                          "database answered"):
                 log.info("job %s attempt %s released after the outage that lost its lease", job.id, job.attempt)
         if self._unreleased:
             # Not released yet: no claim before, or this worker's own reclaim
@@ -591,13 +677,10 @@ class Worker:
         safety; batches are for quick jobs.
         """
         self._release_unreleased()
+        # Each claim first reads the notifications received so far (see
+        # claim): unread, psycopg would keep them all (one per enqueue in any
+        # queue) as long as the worker stays busy.
         jobs = self.claim()
-        if jobs:
-            # Work found: the next step is another claim, whose snapshot sees
-            # every enqueue notified so far, so those notifications can go.
-            # Unread, psycopg would keep them all (one per enqueue in any
-            # queue) as long as the worker stays busy.
-            self._drain_notifies()
         deferred: list[Job] = []
         oldest = 0.0
         self._durations = {}
@@ -606,7 +689,7 @@ class Worker:
                 # Asked to stop: the job in hand runs, the rest go back.
                 if self.stopping and index > 0:
                     for rest in jobs[index:]:
-                        if self.release(rest):
+                        if self.release(rest, detail="released at shutdown before it started"):
                             self.stats.add(RELEASED)
                     break
                 # A batch of one is deferred too: complete_many is then one
@@ -680,10 +763,14 @@ class Worker:
         whose worker may have died), at most the poll interval.  When a lease
         end comes first, the claim after the sleep looks for expired leases
         whatever the reclaim scan's interval."""
+        # An idle wake reads the pauses again (a NOTIFY can be missed: no
+        # LISTEN behind PgBouncer, a connection replaced).
+        self._pauses_stale = True
+        queues = self.active_queues()
         try:
             with db.translated(self.dsn):
-                until = store.next_run_at(self.conn, self.settings.queues)
-                lease_end = store.next_lease_end(self.conn, self.settings.queues)
+                until = store.next_run_at(self.conn, queues)
+                lease_end = store.next_lease_end(self.conn, queues)
         except DatabaseError as exc:
             log.warning("worker %s cannot look up the next run_at: %s", self.name, exc)
             self._forget_connection(exc)
@@ -711,7 +798,9 @@ class Worker:
         if not self._listening or self._conn is None or self._conn.closed:
             return 0
         try:
-            return sum(1 for _ in self._conn.notifies(timeout=0))
+            notes = list(self._conn.notifies(timeout=0))
+            self._woken(notes)   # a pause or resume among them makes the pauses stale
+            return len(notes)
         except (psycopg.Error, OSError):
             self._drop_connection()
             return 0
@@ -726,7 +815,7 @@ class Worker:
         try:
             conn = self.conn
             if not self._listening:
-                conn.execute("LISTEN pgfence_jobs")
+                self._listen(conn)
                 self._listening = True
             deadline = time.monotonic() + wait
             while not self.stopping:
@@ -734,8 +823,7 @@ class Worker:
                 if left <= 0:
                     return
                 # Short slices keep a stop request prompt.
-                woken = any(note.payload in self.settings.queues or not note.payload
-                            for note in conn.notifies(timeout=min(left, 0.25)))
+                woken = self._woken(list(conn.notifies(timeout=min(left, 0.25))))
                 if woken:
                     # The claim that follows sees every enqueue notified so
                     # far: the rest would each cost a claim for nothing.

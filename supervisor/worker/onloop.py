@@ -23,6 +23,7 @@ import asyncio
 import functools
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -169,11 +170,25 @@ class LoopClaims:
         except DatabaseError as exc:
             log.warning("batched completion failed: %s", exc)
         finally:
+            refused = [] if unavailable else [job for job in jobs if job.id not in done]
             # Completed or not, their leases are untracked now.
             try:
                 self.worker.settle(jobs, done, unavailable=unavailable)  # type: ignore[arg-type]
             finally:
                 self.worker.completed_on_loop(count)
+        if refused:
+            await self._note_rejected(refused)
+
+    async def _note_rejected(self, jobs: list[AsyncJob]) -> None:
+        """Record that the fence refused these jobs' completion (see
+        Worker.note_rejected), on this loop's completion connection."""
+        now = time.monotonic()
+        ran = [now - (job.lease.started_at or job.lease.claimed_at) for job in jobs]
+        try:
+            await self._run("completion", lambda conn: store.note_fence_rejected_async(
+                conn, [job.id for job in jobs], [job.attempt for job in jobs], ran, worker=self.worker.name))
+        except DatabaseError as exc:
+            log.warning("could not record the refused completion of %d job(s): %s", len(jobs), exc)
 
     async def _run(self, role: str, statement: Any) -> Any:
         """``statement(conn)`` on this loop's connection for ``role``

@@ -44,6 +44,9 @@ class Maintained(NamedTuple):
     #: Ticks of schedules decided longer than the retention ago, deleted
     #: (their jobs' history goes with the partitions).
     ticks: int = 0
+    #: Rows of pgfence.job_attempts that ended longer than the retention
+    #: ago, deleted.
+    attempts: int = 0
 
 
 def ensure_partitions(conn: psycopg.Connection, ahead: int = admin.HISTORY_AHEAD_DAYS) -> int:
@@ -114,7 +117,23 @@ def maintain(conn: psycopg.Connection, retention: float | None) -> Maintained:
     if retention is None:
         return Maintained(created, 0, 0)
     return Maintained(created, drop_partitions(conn, retention), prune(conn, retention),
-                      prune_ticks(conn, retention))
+                      prune_ticks(conn, retention), prune_attempts(conn, retention))
+
+
+def prune_attempts(conn: psycopg.Connection, retention: float, batch: int = BATCH * 10,
+                   max_batches: int = 100) -> int:
+    """Delete the attempt rows (pgfence.job_attempts) that ended more than
+    ``retention`` seconds ago, in batches; the count.  They follow the
+    history's retention: a job's failed attempts go about when the job does
+    (its day partition is dropped between the retention and a day later)."""
+    total = 0
+    with db.translated():
+        for _ in range(max_batches):
+            deleted = admin.prune_attempts(conn, retention=retention, batch=batch)
+            total += deleted
+            if deleted < batch:
+                break
+    return total
 
 
 def prune_ticks(conn: psycopg.Connection, retention: float, batch: int = BATCH * 10, max_batches: int = 100) -> int:

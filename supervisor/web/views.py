@@ -1,0 +1,433 @@
+"""The dashboard's pages and forms.
+
+Each page reads what it shows in one function run on a worker thread (the
+store layer is synchronous), then renders a template; each form is checked
+for its CSRF token before anything is read from it, acts, and redirects
+(303) to a page that shows a message once.  Every value from the database
+reaches the HTML through Jinja2's autoescape.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.resources
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, TypeVar
+from urllib.parse import urlencode
+
+import psycopg
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from pgfence import names
+from pgfence.cli import admin as admin_cli
+from pgfence.cli import periodic as periodic_cli
+from pgfence.errors import PgfenceError
+from pgfence.job import dedupe_idempotency_key, idempotency_key
+from pgfence.store import admin as admin_store
+from pgfence.store import operations
+from pgfence.store import web as store
+from pgfence.web import actions, auth
+from pgfence.web.app import Dashboard, pretty_json
+
+#: Jobs per page of the list.
+PAGE = 50
+#: Up to this many rows of history (the catalog's estimate), the overview
+#: counts finished jobs exactly; above, from a sample of about this many.
+OVERVIEW_EXACT_ROWS = 200_000
+#: The window of the overview's done and failed counts.
+RECENT_SECONDS = 300.0
+STATUSES = ("queued", "running", "done", "failed", "cancelled")
+#: The job list's filters, as query parameters and form fields.
+FILTERS = ("queue", "kind", "status", "id", "dedupe_key", "error")
+
+T = TypeVar("T")
+
+
+# -- pure helpers (tested without a server) ----------------------------------------------
+
+
+def parse_filter(params: Mapping[str, Any]) -> tuple[store.JobFilter, list[str]]:
+    """The job filter of query parameters or form fields (empty: not
+    filtered on), and what was wrong in them (such a field is ignored)."""
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for name in FILTERS:
+        raw = params.get(name)
+        text = raw.strip() if isinstance(raw, str) else ""
+        if not text:
+            continue
+        if name == "id":
+            if not text.isdigit() or len(text) > 18:
+                problems.append(f"id: not a job id: {text!r}")
+                continue
+            values["id"] = int(text)
+        elif name == "status":
+            if text not in STATUSES:
+                problems.append(f"status: one of {', '.join(STATUSES)}, not {text!r}")
+                continue
+            values["status"] = text
+        else:
+            values[name] = text
+    return store.JobFilter(**values), problems
+
+
+def filter_fields(where: store.JobFilter) -> dict[str, str]:
+    """The filter as query parameters or hidden fields (those set)."""
+    return {name: str(value) for name, value in where._asdict().items() if value is not None}
+
+
+def parse_id(text: object) -> int | None:
+    if isinstance(text, str) and text.strip().isdigit() and len(text.strip()) <= 18:
+        return int(text.strip())
+    return None
+
+
+class AttemptLine(NamedTuple):
+    """One row of a job's attempt history."""
+
+    attempt: int
+    worker: str | None
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    #: done, error, lease_lost, fence_rejected, released, cancelled, timeout,
+    #: running or queued.
+    outcome: str
+    detail: str | None
+
+
+def attempt_lines(job: store.JobDetail, recorded: list[store.AttemptRow]) -> list[AttemptLine]:
+    """The attempts recorded (those that did not simply succeed), then the
+    job's own state: its successful last attempt, the one running now, the
+    next one waiting, or a failure or cancel that left no row of its own."""
+    lines = [AttemptLine(*row) for row in recorded]
+    has_row = {row.attempt for row in recorded}
+    if job.status == "done":
+        lines.append(AttemptLine(job.attempt, job.worker, job.started_at, job.finished_at, "done", None))
+    elif job.status == "running":
+        lines.append(AttemptLine(job.attempt, job.worker, job.started_at, None, "running", None))
+    elif job.status == "queued":
+        waiting = f"waits until {job.run_at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S}Z" if job.run_at > job.now else None
+        lines.append(AttemptLine(job.attempt + 1, None, None, None, "queued", waiting))
+    elif job.attempt > 0 and job.attempt not in has_row:
+        outcome = "cancelled" if job.status == "cancelled" else "error"
+        lines.append(AttemptLine(job.attempt, job.worker, job.started_at, job.finished_at, outcome,
+                                 job.last_error))
+    return lines
+
+
+def when(at: dt.datetime | None) -> str:
+    """A time as the pages show it: UTC, to the second."""
+    return "-" if at is None else f"{at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S}Z"
+
+
+def age(seconds: float | None) -> str:
+    """``3h 05m``, ``2m 07s``, ``12s``."""
+    if seconds is None or seconds <= 0:
+        return "-"
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours >= 24:
+        return f"{hours // 24}d {hours % 24:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
+
+
+# -- the pages -------------------------------------------------------------------------
+
+
+class Views:
+    """The routes of one dashboard."""
+
+    def __init__(self, dashboard: Dashboard) -> None:
+        self.dashboard = dashboard
+        self.templates = dashboard.templates
+        self.templates.filters["when"] = when
+        self.templates.filters["age"] = age
+        self.templates.globals["qs"] = lambda values: urlencode(values)
+        self._css = (importlib.resources.files("pgfence.web") / "static" / "pgfence.css").read_bytes()
+
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route("/", self.overview, name="overview"),
+            Route("/jobs", self.jobs, name="jobs"),
+            Route("/jobs/bulk", self.bulk_confirm, methods=["GET"], name="bulk_confirm"),
+            Route("/jobs/bulk", self.bulk, methods=["POST"], name="bulk"),
+            Route("/jobs/selected", self.selected, methods=["POST"], name="selected"),
+            Route("/jobs/{id:int}", self.job, name="job"),
+            Route("/jobs/{id:int}/{action}", self.job_action, methods=["POST"], name="job_action"),
+            Route("/queues/pause", self.pause, methods=["POST"], name="pause"),
+            Route("/queues/resume", self.resume, methods=["POST"], name="resume"),
+            Route("/schedules", self.schedules, name="schedules"),
+            Route("/login", self.login, methods=["GET", "POST"], name="login"),
+            Route("/logout", self.logout, methods=["POST"], name="logout"),
+            Route("/static/pgfence.css", self.css, name="css"),
+        ]
+
+    def exception_handlers(self) -> dict[Any, Any]:
+        return {HTTPException: self._http_error, PgfenceError: self._database_error}
+
+    # -- plumbing ------------------------------------------------------------------
+
+    async def read(self, load: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """``load(conn)`` on a connection of the pool, on a worker thread."""
+        def run() -> T:
+            with self.dashboard.connection() as conn:
+                return load(conn)
+
+        return await run_in_threadpool(run)
+
+    @staticmethod
+    def base(request: Request) -> str:
+        root: str = request.scope.get("root_path", "")
+        return root.rstrip("/")
+
+    def render(self, request: Request, template: str, *, status: int = 200, has_schedules: bool = False,
+               **context: Any) -> Response:
+        """The page, with the CSRF nonce cookie set on a first visit and the
+        message of the last action shown once."""
+        signer = self.dashboard.signer
+        nonce = request.cookies.get(auth.CSRF_COOKIE)
+        fresh = not nonce
+        if not nonce:
+            nonce = signer.new_nonce()
+        flash = signer.flash_message(request.cookies.get(auth.FLASH_COOKIE))
+        html = self.templates.get_template(template).render(
+            base=self.base(request), csrf_token=signer.csrf_token(nonce), read_only=self.dashboard.read_only,
+            flash=flash, has_schedules=has_schedules, password=self.dashboard.password is not None, **context)
+        response = HTMLResponse(html, status_code=status)
+        path = self.base(request) or "/"
+        if fresh:
+            response.set_cookie(auth.CSRF_COOKIE, nonce, path=path, httponly=True, samesite="strict",
+                                secure=request.url.scheme == "https")
+        if auth.FLASH_COOKIE in request.cookies:
+            response.delete_cookie(auth.FLASH_COOKIE, path=path)
+        return response
+
+    def redirect(self, request: Request, to: str, message: str | None = None) -> Response:
+        """303 to ``to`` (a path inside the dashboard), with ``message``
+        shown once there."""
+        response = RedirectResponse(self.base(request) + to, status_code=303)
+        if message is not None:
+            response.set_cookie(auth.FLASH_COOKIE, self.dashboard.signer.flash_cookie(message),
+                                path=self.base(request) or "/", httponly=True, samesite="strict",
+                                secure=request.url.scheme == "https")
+        return response
+
+    async def form(self, request: Request) -> FormData:
+        """The posted form, once its CSRF token matched the visitor's
+        cookie; else 403."""
+        form = await request.form()
+        if not self.dashboard.signer.csrf_valid(request.cookies.get(auth.CSRF_COOKIE), form.get("csrf_token")):
+            raise HTTPException(403, "invalid or missing CSRF token: reload the page and try again")
+        return form
+
+    def _refuse_read_only(self) -> None:
+        if self.dashboard.read_only:
+            raise HTTPException(403, "the dashboard is read-only: no action is allowed")
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return self.render(request, "error.html", status=exc.status_code, message=exc.detail)
+
+    async def _database_error(self, request: Request, exc: Exception) -> Response:
+        # The message was translated from the driver's error: no DSN
+        # password in it (pgfence.store.db.translate).
+        return self.render(request, "error.html", status=503, message=str(exc))
+
+    async def css(self, request: Request) -> Response:
+        return Response(self._css, media_type="text/css", headers={"cache-control": "max-age=3600"})
+
+    # -- overview ------------------------------------------------------------------
+
+    async def overview(self, request: Request) -> Response:
+        def load(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+            # As `pgfence status` counts, but sampling history from a fifth
+            # of its rows up: the overview is read again and again.
+            percent = admin_cli.history_sample_percent(admin_store.history_estimate(conn), OVERVIEW_EXACT_ROWS)
+            counts: dict[str, dict[str, int]] = {}
+            for count in admin_store.status_counts(conn, percent=percent):
+                counts.setdefault(count.queue, {})[count.status] = count.jobs
+            oldest = {g.queue: g.oldest_age for g in admin_store.queue_gauges(conn) if g.status == "queued"}
+            recent = {r.queue: r for r in store.recent(conn, RECENT_SECONDS)}
+            paused = {p.queue: p for p in operations.pauses(conn)}
+            queues = sorted(set(counts) | set(paused) | set(recent))
+            rows = [{"queue": queue, "counts": counts.get(queue, {}), "oldest": oldest.get(queue),
+                     "done": recent[queue].done if queue in recent else 0,
+                     "failed": recent[queue].failed if queue in recent else 0,
+                     "paused": paused.get(queue)} for queue in queues]
+            return {"rows": rows, "estimated": percent < 100.0, "supervisors": operations.supervisors_up(conn),
+                    "has_schedules": store.has_schedules(conn)}
+
+        data = await self.read(load)
+        return self.render(request, "overview.html", statuses=STATUSES, recent_minutes=int(RECENT_SECONDS // 60),
+                           **data)
+
+    async def _pause_form(self, request: Request) -> str:
+        form = await self.form(request)
+        queue = form.get("queue")
+        problem = names.problem(queue, "queue")
+        if problem is not None:
+            raise HTTPException(400, problem)
+        assert isinstance(queue, str)
+        return queue
+
+    async def pause(self, request: Request) -> Response:
+        queue = await self._pause_form(request)
+        changed = await self.read(lambda conn: operations.pause(conn, queue, by="pgfence web"))
+        message = f"paused queue {queue}" if changed is not None else f"queue {queue} was paused already"
+        return self.redirect(request, "/", message)
+
+    async def resume(self, request: Request) -> Response:
+        queue = await self._pause_form(request)
+        changed = await self.read(lambda conn: operations.resume(conn, queue))
+        message = f"resumed queue {queue}" if changed is not None else f"queue {queue} was not paused"
+        return self.redirect(request, "/", message)
+
+    # -- the job list --------------------------------------------------------------
+
+    async def jobs(self, request: Request) -> Response:
+        where, problems = parse_filter(request.query_params)
+        before = parse_id(request.query_params.get("before"))
+
+        def load(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+            rows = store.jobs_page(conn, where, before=before, limit=PAGE + 1)
+            return {"rows": rows, "has_schedules": store.has_schedules(conn)}
+
+        data = await self.read(load)
+        rows = data.pop("rows")
+        fields = filter_fields(where)
+        next_query = urlencode(fields | {"before": str(rows[PAGE - 1].id)}) if len(rows) > PAGE else None
+        return self.render(request, "jobs.html", rows=rows[:PAGE], where=where, fields=fields, problems=problems,
+                           next_query=next_query, first=before is None, statuses=STATUSES, **data)
+
+    async def bulk_confirm(self, request: Request) -> Response:
+        self._refuse_read_only()
+        action = request.query_params.get("action", "")
+        if action not in actions.ELIGIBLE:
+            raise HTTPException(400, "unknown action")
+        where, problems = parse_filter(request.query_params)
+        if problems:
+            raise HTTPException(400, "; ".join(problems))
+        eligible = list(actions.ELIGIBLE[action])
+
+        def load(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+            count, upto = store.jobs_count(conn, where, eligible)
+            return {"count": count, "upto": upto, "has_schedules": store.has_schedules(conn)}
+
+        data = await self.read(load)
+        return self.render(request, "bulk.html", action=action, eligible=eligible, where=where,
+                           fields=filter_fields(where), **data)
+
+    async def bulk(self, request: Request) -> Response:
+        form = await self.form(request)
+        action = str(form.get("action", ""))
+        if action not in actions.ELIGIBLE:
+            raise HTTPException(400, "unknown action")
+        where, problems = parse_filter(form)
+        if problems:
+            raise HTTPException(400, "; ".join(problems))
+        upto = parse_id(form.get("upto"))
+        if upto is None:
+            return self.redirect(request, "/jobs?" + urlencode(filter_fields(where)), "no job matched")
+        outcome = await run_in_threadpool(actions.act_on_filter, self.dashboard.connection, action, where,
+                                          upto=upto)
+        return self.redirect(request, "/jobs?" + urlencode(filter_fields(where)), actions.message(action, outcome))
+
+    async def selected(self, request: Request) -> Response:
+        form = await self.form(request)
+        action = str(form.get("action", ""))
+        if action not in actions.ELIGIBLE:
+            raise HTTPException(400, "unknown action")
+        ids = [job_id for job_id in (parse_id(v) for v in form.getlist("ids")) if job_id is not None]
+        where, _problems = parse_filter(form)
+        back = "/jobs?" + urlencode(filter_fields(where))
+        if not ids:
+            return self.redirect(request, back, "no job selected")
+        outcome = await run_in_threadpool(actions.act_on_ids, self.dashboard.connection, action, ids)
+        return self.redirect(request, back, actions.message(action, outcome))
+
+    # -- one job -------------------------------------------------------------------
+
+    async def job(self, request: Request) -> Response:
+        job_id: int = request.path_params["id"]
+
+        def load(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+            job = store.job(conn, job_id)
+            recorded = store.job_attempts(conn, job_id) if job is not None else []
+            return {"job": job, "recorded": recorded, "has_schedules": store.has_schedules(conn)}
+
+        data = await self.read(load)
+        job: store.JobDetail | None = data.pop("job")
+        recorded = data.pop("recorded")
+        if job is None:
+            return self.render(request, "error.html", status=404, message=f"no job {job_id}", **data)
+        payload = "redacted" if self.dashboard.redact_payloads else pretty_json(job.payload)
+        allowed = [action for action, statuses in actions.ELIGIBLE.items() if job.status in statuses]
+        return self.render(
+            request, "job.html", job=job, payload=payload, attempts=attempt_lines(job, recorded), allowed=allowed,
+            idempotency_key=idempotency_key(job.id),
+            dedupe_idempotency_key=dedupe_idempotency_key(job.kind, job.dedupe_key) if job.dedupe_key else None,
+            **data)
+
+    async def job_action(self, request: Request) -> Response:
+        job_id: int = request.path_params["id"]
+        action: str = request.path_params["action"]
+        await self.form(request)
+        if action not in actions.ELIGIBLE:
+            raise HTTPException(404, "unknown action")
+        outcome = await run_in_threadpool(actions.act_on_ids, self.dashboard.connection, action, [job_id])
+        message = actions.message(action, outcome)
+        if action == "delete" and outcome.acted:
+            return self.redirect(request, "/jobs", f"deleted job {job_id}")
+        return self.redirect(request, f"/jobs/{job_id}", message)
+
+    # -- schedules -----------------------------------------------------------------
+
+    async def schedules(self, request: Request) -> Response:
+        entries = await self.read(periodic_cli.listing)
+        return self.render(request, "schedules.html", schedules=entries, has_schedules=bool(entries))
+
+    # -- login ---------------------------------------------------------------------
+
+    @staticmethod
+    def _next(value: object) -> str:
+        """Where the login form sends the visitor: a path inside the
+        dashboard only (never another site's address)."""
+        # Browsers drop tabs and newlines from a URL ("/\t/evil" would become
+        # "//evil", another host) and read a backslash as a slash.
+        if (isinstance(value, str) and value.startswith("/") and not value.startswith("//")
+                and "\\" not in value and all(ch > " " for ch in value)):
+            return value
+        return "/"
+
+    async def login(self, request: Request) -> Response:
+        if request.method == "GET":
+            return self.render(request, "login.html", next=self._next(request.query_params.get("next")), error=None)
+        form = await self.form(request)
+        target = self._next(form.get("next"))
+        given = form.get("password")
+        password = self.dashboard.password
+        if password is None:
+            return self.redirect(request, target)
+        if not isinstance(given, str) or not auth.password_matches(password, given):
+            return self.render(request, "login.html", status=403, next=target, error="wrong password")
+        response = self.redirect(request, target)
+        response.set_cookie(auth.SESSION_COOKIE, self.dashboard.signer.session_cookie(),
+                            max_age=auth.SESSION_SECONDS, path=self.base(request) or "/", httponly=True,
+                            samesite="lax", secure=request.url.scheme == "https")
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        await self.form(request)
+        response = self.redirect(request, "/login")
+        response.delete_cookie(auth.SESSION_COOKIE, path=self.base(request) or "/")
+        return response
