@@ -213,11 +213,15 @@ class Page:
         """Save the whole page as docs/screenshots/NAME.png, when asked to."""
         if os.environ.get("PGFENCE_SCREENSHOTS") != "1":
             return
-        height = self.driver.execute_script("return document.documentElement.scrollHeight")
-        self.driver.set_window_size(1280, max(700, min(int(height), 2400)))
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        assert self.driver.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
-        self.driver.set_window_size(1280, 900)
+        # The viewport made as tall as the page, so the capture holds all of it.
+        height = int(self.driver.execute_script("return document.documentElement.scrollHeight"))
+        self.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+            "width": 1280, "height": max(600, min(height, 3000)), "deviceScaleFactor": 1, "mobile": False})
+        try:
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            assert self.driver.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
+        finally:
+            self.driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
 
 def statuses(conn: Any, ids: list[int]) -> list[str]:
@@ -251,6 +255,7 @@ def test_failed_jobs_of_one_queue_and_attempt_history(dsn, conn, runs, page):
     assert page.attempts() == [(1, "error", "RuntimeError: smtp refused #1"),
                                (2, "error", "RuntimeError: smtp refused #1")]
     assert page.fields()["status"] == "failed"
+    assert [page.has(b) for b in ("button#retry-job", "button#cancel-job", "button#delete-job")] == [True, False, True]
 
     page.filter(queue="billing", status="failed")
     assert page.job_ids() == [billing_failed]
@@ -267,14 +272,13 @@ def test_failed_jobs_of_one_queue_and_attempt_history(dsn, conn, runs, page):
     assert (fields["status"], fields["queue"], fields["kind"]) == ("done", "mail", "flaky")
     assert json.loads(page.text("pre#payload")) == {"failures": 2}
     assert page.text("#idempotency-key") == f"pgfence:job:{flaky}"
-    # A finished job can be retried or deleted, not cancelled.
-    assert [page.has(b) for b in ("button#retry-job", "button#cancel-job", "button#delete-job")] == [True, False, True]
+    # A done job can only be deleted (retry takes failed and cancelled jobs).
+    assert [page.has(b) for b in ("button#retry-job", "button#cancel-job", "button#delete-job")] == [False, False, True]
     page.screenshot("job")
 
     page.open("/")
     assert page.paused_state("mail") == "running"
     assert page.paused_state("billing") == "running"
-    page.screenshot("overview")
 
 
 def test_bulk_retry_of_a_filter_across_pages(dsn, conn, runs, page):
@@ -396,6 +400,8 @@ def test_pause_and_resume_a_queue_from_the_overview(dsn, conn, runs, page):
     # The supervisor that runs them is listed as up.
     page.until(lambda: len(page.all("#supervisors tr[data-instance]")) == 1, path="/",
                message="one supervisor listed up")
+    assert page.paused_state("reports") == "paused"
+    page.screenshot("overview")
 
     page.open("/")
     page.press('button[data-action="resume"][data-queue="reports"]')
