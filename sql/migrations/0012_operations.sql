@@ -113,36 +113,36 @@ BEGIN
 END;
 $$;
 
--- What a claim does with the running jobs whose lease expired that it
--- took (reclaims): records each one's lost attempt (outcome lease_lost,
--- ended when its lease ran out), then moves those a verdict fails to
--- history, as fail_claimed does; returns their history rows.  A function,
--- for the reason given at fail_claimed in 0009 (the claim's text names
--- neither history nor attempts, so it locks neither), and so that a claim
--- without reclaims (nearly every one: the arrays are empty) runs neither
--- insert and pays one function call, as before.
-CREATE FUNCTION pgfence.settle_reclaims(p_lost_ids bigint[], p_lost_attempts integer[], p_lost_workers text[],
-                                        p_lost_started timestamptz[], p_lost_ended timestamptz[],
-                                        p_ids bigint[], p_reclaims integer[], p_verdicts text[])
+-- What a claim does with the reclaims it took (running jobs whose lease
+-- expired) and the jobs its verdict fails: p_decided holds one object per
+-- such job, {"id", "prev_status", "reclaims", "verdict"} and, for a
+-- reclaim, its lost attempt {"attempt", "worker", "started_at",
+-- "lease_until"} (as read before the claim updated the row).  Each lost
+-- attempt is recorded (outcome lease_lost, ended when its lease ran out);
+-- the jobs with a verdict move to history, as fail_claimed does; returns
+-- their history rows.  A function, for the reason given at fail_claimed in
+-- 0009 (the claim's text names neither history nor attempts, so it locks
+-- neither), and so that a claim with neither (nearly every one: p_decided
+-- is NULL) runs no insert and pays one function call, as before.
+CREATE FUNCTION pgfence.settle_reclaims(p_decided jsonb)
 RETURNS SETOF pgfence.job_history
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF coalesce(cardinality(p_lost_ids), 0) > 0 THEN
-        INSERT INTO pgfence.job_attempts (job_id, attempt, worker, started_at, ended_at, outcome, detail)
-        SELECT l.id, l.attempt, l.worker, l.started, coalesce(l.ended, now()), 'lease_lost',
-               'lease expired: its worker stopped renewing it, and the job was claimed again'
-          FROM unnest(p_lost_ids, p_lost_attempts, p_lost_workers, p_lost_started, p_lost_ended)
-               AS l(id, attempt, worker, started, ended)
-        ON CONFLICT DO NOTHING;
-    END IF;
-    IF coalesce(cardinality(p_ids), 0) = 0 THEN
+    IF p_decided IS NULL THEN
         RETURN;
     END IF;
+    INSERT INTO pgfence.job_attempts (job_id, attempt, worker, started_at, ended_at, outcome, detail)
+    SELECT d.id, d.attempt, d.worker, d.started_at, coalesce(d.lease_until, now()), 'lease_lost',
+           'lease expired: its worker stopped renewing it, and the job was claimed again'
+      FROM jsonb_to_recordset(p_decided) AS d(id bigint, prev_status text, attempt integer, worker text,
+                                              started_at timestamptz, lease_until timestamptz)
+     WHERE d.prev_status = 'running'
+    ON CONFLICT DO NOTHING;
     RETURN QUERY
     WITH moved AS (
         DELETE FROM pgfence.jobs j
-         USING unnest(p_ids, p_reclaims, p_verdicts) AS v(id, reclaims, verdict)
-         WHERE j.id = v.id
+         USING jsonb_to_recordset(p_decided) AS v(id bigint, reclaims integer, verdict text)
+         WHERE j.id = v.id AND v.verdict IS NOT NULL
         RETURNING j.id, now(), j.created_at, j.run_at, j.started_at, j.attempt, j.max_attempts, v.reclaims,
                   j.max_reclaims, j.priority, j.putbacks, 'failed'::text, j.queue, j.kind, j.dedupe_key,
                   j.payload, v.verdict, j.last_traceback, j.locked_by)
