@@ -2,9 +2,9 @@
 
 Each test starts a real ``pgfence web`` on a free port against its own
 database, real ``pgfence run`` supervisors where jobs must run, and reads and
-acts through the pages as an operator does, by the selectors of the UI
-contract (the README's "Web dashboard"): filter rows, follow the next page,
-open a job, press the forms' buttons.  The database is read only to check
+acts through the pages as an operator does, by the ids, classes and data
+attributes the templates keep stable for it (supervisor/web/templates):
+filter rows, follow the next page, open a job, press the forms' buttons.  The database is read only to check
 what the browser did (statuses, counts) and to set up history in bulk.
 
 Chromium and its driver are Debian's (``apt-get install chromium
