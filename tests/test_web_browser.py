@@ -74,37 +74,57 @@ def chromium() -> Iterator[Any]:
 
 
 @pytest.fixture
-def web(dsn: str, tmp_path: Path) -> Iterator[str]:
-    """A real `pgfence web` on a free port against the test's database; its
-    base URL.  Its log goes to a file (an access line per request would fill
-    a pipe), shown when it fails to start."""
-    port = free_port()
-    log = tmp_path / "web.log"
-    with log.open("w") as out:
-        proc = spawn("web", "--port", str(port), env=env_for(dsn), stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
+def start_web(dsn: str, tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Start a real `pgfence web ARGS` on a free port against the test's
+    database; its base URL.  Its log goes to a file (an access line per
+    request would fill a pipe), shown when it fails to start.  Stopped
+    (SIGTERM) afterwards."""
+    procs: list[subprocess.Popen] = []
+
+    def start(*args: str) -> str:
+        port = free_port()
+        log = tmp_path / f"web-{port}.log"
+        with log.open("w") as out:
+            proc = spawn("web", "--port", str(port), *args, env=env_for(dsn), stdout=out,
+                         stderr=subprocess.STDOUT)
+        procs.append(proc)
+        base = f"http://127.0.0.1:{port}"
         wait_for(lambda: proc.poll() is not None or http_get(base + "/")[0] == 200, timeout=30,
                  message="pgfence web to answer GET / with 200")
         if proc.poll() is not None:
             pytest.fail(f"pgfence web exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        yield base
+        return base
+
+    try:
+        yield start
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        for proc in procs:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.fixture
-def page(chromium: Any, web: str) -> Page:
-    # Cookies ignore the port: another test's server's session and CSRF
-    # cookies must not reach this one.
-    chromium.execute_cdp_cmd("Network.clearBrowserCookies", {})
-    chromium.set_window_size(1280, 900)
-    return Page(chromium, web)
+def browse(chromium: Any, start_web: Callable[..., str]) -> Callable[..., Page]:
+    """The browser on a new `pgfence web ARGS`."""
+
+    def browse(*args: str) -> Page:
+        base = start_web(*args)
+        # Cookies ignore the port: another server's session and CSRF
+        # cookies must not reach this one.
+        chromium.execute_cdp_cmd("Network.clearBrowserCookies", {})
+        return Page(chromium, base)
+
+    return browse
+
+
+@pytest.fixture
+def page(browse: Callable[..., Page]) -> Page:
+    """The browser on a `pgfence web` with its defaults."""
+    return browse()
 
 
 class Page:
@@ -439,3 +459,43 @@ def test_payload_and_error_render_as_text(dsn, conn, runs, page):
     page.filter(dedupe_key=XSS_IMG)
     assert page.job_ids() == [job_id]
     assert page.pwned() is None
+
+
+def failed_history(conn: Any, queue: str, n: int) -> list[int]:
+    """``n`` failed jobs of ``queue`` written to history as a worker leaves
+    them; their ids, newest first."""
+    return [r[0] for r in conn.execute("""
+        INSERT INTO pgfence.job_history (status, queue, kind, attempt, max_attempts, started_at, last_error)
+        SELECT 'failed', %s, 'noop', 1, 1, now(), 'upstream 503' FROM generate_series(1, %s)
+        RETURNING id""", (queue, n)).fetchall()][::-1]
+
+
+def test_retry_a_selection(dsn, conn, page):
+    """Tick two rows of the list and retry them: those two alone are queued again."""
+    ids = failed_history(conn, "picks", 4)
+    page.filter(queue="picks")
+    assert page.job_ids() == ids
+    for job_id in (ids[0], ids[2]):
+        page.one(f'input[name="ids"][value="{job_id}"]').click()
+    page.press("button#selected-retry")
+    assert page.text("#flash") == "retried 2 job(s)"
+    assert statuses(conn, ids) == ["queued", "failed", "queued", "failed"]
+
+
+def test_read_only_shows_no_action(dsn, conn, browse):
+    """`pgfence web --read-only`: every page renders, with no button and no
+    form that acts."""
+    ids = failed_history(conn, "archive", 2)
+    page = browse("--read-only")
+    page.open("/")
+    assert page.paused_state("archive") == "running"
+    assert page.all("button[data-action]") == []
+    page.open("/jobs?queue=archive")
+    assert page.job_ids() == ids
+    assert page.all('input[name="ids"]') == [] and page.all("form[method=post]") == []
+    assert [page.has(f"button#{b}") for b in ("bulk-retry", "bulk-cancel", "bulk-delete", "selected-retry")] == \
+        [False] * 4
+    page.open(f"/jobs/{ids[0]}")
+    assert page.fields()["status"] == "failed"
+    assert [page.has(b) for b in ("button#retry-job", "button#cancel-job", "button#delete-job")] == [False] * 3
+    assert page.all("form[method=post]") == []
