@@ -90,3 +90,7 @@ WITH old AS (
      LIMIT %(batch)s)
 DELETE FROM pgfence.schedule_ticks t USING old
  WHERE t.schedule = old.schedule AND t.tick = old.tick;
+
+-- name: periodic_clock
+-- The database's clock, for a round that locked no schedule.
+SELECT clock_timestamp() AS now;

@@ -137,7 +137,7 @@ class Scheduler:
                 for row in locked:
                     schedule = self.schedules[row.name]
                     queued_waiting |= self._decide(conn, schedule, row, result)
-            now = locked[0].now if locked else self._db_now(conn)
+            now = locked[0].now if locked else ticks.clock(conn)
             if not locked:
                 read_at, host = time.monotonic(), self.host_now()
         metrics.PERIODIC_CLOCK_SKEW.set(host - now.timestamp())
@@ -150,12 +150,6 @@ class Scheduler:
             wait = min(wait, (schedule.next_tick(now) - now).total_seconds() + LATE)
         result.wait = max(0.0, wait - (time.monotonic() - read_at))
         return result
-
-    def _db_now(self, conn: psycopg.Connection[Any]) -> dt.datetime:
-        row = conn.execute("SELECT clock_timestamp()").fetchone()
-        assert row is not None
-        value: dt.datetime = row[0]
-        return value
 
     def _decide(self, conn: psycopg.Connection[Any], schedule: Schedule, row: ticks.Locked, result: Round) -> bool:
         """Decide one schedule's due ticks; whether ticks still wait in line."""

@@ -43,6 +43,14 @@ def lock(conn: psycopg.Connection[Any], names: list[str]) -> list[Locked]:
     return [Locked._make(row) for row in conn.execute(q("periodic_lock"), {"names": names}).fetchall()]
 
 
+def clock(conn: psycopg.Connection[Any]) -> dt.datetime:
+    """The database's clock (clock_timestamp())."""
+    row = conn.execute(q("periodic_clock")).fetchone()
+    assert row is not None
+    now: dt.datetime = row[0]
+    return now
+
+
 def _job(schedule: Schedule, tick: dt.datetime) -> dict[str, Any]:
     return {"schedule": schedule.name, "tick": tick, "kind": schedule.kind,
             "payload": Jsonb({} if schedule.payload is None else schedule.payload), "queue": schedule.queue,
