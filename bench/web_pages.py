@@ -4,7 +4,8 @@
 
 Makes a scratch database holding JOBS jobs (default 1,000,000): 99 % of
 them finished (one in ten failed, on three queues and two kinds) in
-pgfence.job_history, the rest queued in pgfence.jobs, then analyzed.  Each
+pgfence.job_history, evenly over the last day, in the order they finished
+(as history is written), the rest queued in pgfence.jobs, then analyzed.  Each
 page is asked of the real app (starlette's TestClient: routing, the store
 queries and the template, no network) five times after a first, warming
 request, and the median printed: the overview, the job list's first page,
@@ -31,8 +32,9 @@ INSERT INTO pgfence.job_history (status, queue, kind, last_error, attempt, start
 SELECT CASE WHEN g %% 10 = 0 THEN 'failed' ELSE 'done' END,
        (ARRAY['default', 'mail', 'reports'])[g %% 3 + 1],
        CASE WHEN g %% 7 = 0 THEN 'report' ELSE 'noop' END,
-       CASE WHEN g %% 10 = 0 THEN 'RuntimeError: boom ' || g END, 1, now(), now(), 'bench:1:w'
-  FROM generate_series(1, %(finished)s) g"""
+       CASE WHEN g %% 10 = 0 THEN 'RuntimeError: boom ' || g END, 1, at, at, 'bench:1:w'
+  FROM generate_series(1, %(finished)s) g,
+       LATERAL (SELECT now() - interval '1 day' + g * (interval '1 day' / %(finished)s)) AS spread(at)"""
 LIVE = """
 INSERT INTO pgfence.jobs (queue, kind)
 SELECT (ARRAY['default', 'mail', 'reports'])[g %% 3 + 1], 'noop' FROM generate_series(1, %(live)s) g"""
