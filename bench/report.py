@@ -138,6 +138,11 @@ def goals(series: dict[str, Series], metrics: dict) -> list[dict]:
         goal("one renewal statement per interval", "1 per round", h["statements_for_rounds"] / h["rounds"], ok,
              f"{h['statements_for_rounds']} for {h['rounds']} rounds; thread: {h['thread_statements']} "
              f"in {h['thread_span_s']:g} s at {h['thread_interval_s']:g} s", "per round")
+    w = metrics.get("web")
+    if w:
+        page = max((ms, label) for label, ms in w["pages_ms"].items() if label.startswith("jobs"))
+        goal(f"dashboard job list, {w['jobs']:,} jobs (slowest of first and 50th pages)", "< 200 ms", page[0],
+             page[0] < 200, page[1], "ms")
     c = metrics.get("claim")
     if c:
         goal("claim with 1M finished rows vs empty", f"<= {GOALS['claim_1m_ratio']:.2f}x", c["ratio"],
@@ -414,6 +419,10 @@ def markdown(report: dict) -> str:
                      (f"median {h['median_ms']:.1f} ms, p90 {h['p90_ms']:.1f} ms ({h['rounds']} rounds, "
                       f"{h['statements_for_rounds']} statements); its thread at {h['thread_interval_s']:g} s sent "
                       f"{h['thread_statements']} statements in {h['thread_span_s']:g} s")))
+    if "web" in met:
+        w = met["web"]
+        rows.append((f"dashboard pages over {w['jobs']:,} jobs (`pgfence web`, median)",
+                     "; ".join(f"{label} {ms:.1f} ms" for label, ms in w["pages_ms"].items())))
     if "claim" in met:
         c = met["claim"]
         rows.append((f"claim one job with {c['finished_rows']:,} finished rows vs an empty table",

@@ -72,7 +72,7 @@ from soak_history import insert_history
 
 BENCH_PY = Path(sys.executable)
 SECTIONS = ("pgfence", "effect", "pgqueuer", "procrastinate", "naive", "pgbench", "io", "pickup", "heartbeat",
-            "claim", "memory", "profile", "soak")
+            "claim", "web", "memory", "profile", "soak")
 #: Sections run only when --only names them: the soak section alone lasts
 #: over an hour at its defaults.
 OPT_IN = ("soak",)
@@ -639,6 +639,19 @@ class Bench:
         }
         log(f"  median {c['1m_median_ms']:.3f} ms with the finished rows, {c['empty_median_ms']:.3f} ms without: "
             f"{c['ratio']:.2f}x; plans {plans}")
+
+    # -- the dashboard's pages over a million jobs ---------------------------------------------
+
+    def bench_web(self) -> None:
+        jobs = 100_000 if self.args.quick else 1_000_000
+        log(f"dashboard pages (pgfence web) over {jobs:,} jobs: bench/web_pages.py")
+        proc = subprocess.run([str(self.pgfence.python), str(BENCH / "web_pages.py"), self.args.admin_dsn, str(jobs),
+                               "--json"], capture_output=True, text=True, cwd=BENCH, env=self.pgfence.env,
+                              check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr.strip()[-500:])
+        w = self.metrics["web"] = json.loads(proc.stdout.strip().splitlines()[-1])
+        log("  " + ", ".join(f"{label} {ms:.1f} ms" for label, ms in w["pages_ms"].items()))
 
     # -- memory ----------------------------------------------------------------------------
 

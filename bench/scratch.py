@@ -18,12 +18,14 @@ DEFAULT_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 def argv(index: int, default: int) -> int:
     """The integer command-line argument at ``index``, else ``default``."""
-    return int(sys.argv[index]) if len(sys.argv) > index else default
+    given = [a for a in sys.argv if not a.startswith("--")]
+    return int(given[index]) if len(given) > index else default
 
 
 def admin_dsn() -> str:
     """The admin DSN: the first command-line argument, else the local server."""
-    return sys.argv[1] if len(sys.argv) > 1 else DEFAULT_ADMIN
+    given = [a for a in sys.argv if not a.startswith("--")]
+    return given[1] if len(given) > 1 else DEFAULT_ADMIN
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """The dashboard's pages over a large history.
 
-    python bench/web_pages.py [ADMIN_DSN] [JOBS]
+    python bench/web_pages.py [ADMIN_DSN] [JOBS] [--json]
 
 Makes a scratch database holding JOBS jobs (default 1,000,000): 99 % of
 them finished (one in ten failed, on three queues and two kinds) in
@@ -12,12 +12,15 @@ request, and the median printed: the overview, the job list's first page,
 the first and the 50th page of a filter (keyset: the 50th costs what the
 first does), one job, and a bulk action's confirmation (a full count of the
 filter).  Then the plan of the job list's first page: a Limit over a Merge
-Append of backward scans of the id indexes.
+Append of backward scans of the id indexes.  With ``--json``, one JSON object
+instead (``bench/run.sh``'s ``web`` section): each page's median and the plan.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+import sys
 import time
 
 from scratch import admin_dsn, argv, scratch_database
@@ -75,12 +78,16 @@ def main() -> None:
         app = create_app(dsn)
         try:
             with TestClient(app) as client:
-                print(f"| page ({jobs:,} jobs) | median ms |")
-                print("|---|---:|")
-                for label, url in pages:
-                    print(f"| {label} | {median_ms(client, url):.1f} |")
+                medians = {label: median_ms(client, url) for label, url in pages}
         finally:
             app.state.dashboard.close()
+        if "--json" in sys.argv:
+            print(json.dumps({"jobs": jobs, "pages_ms": medians, "plan": plan}))
+            return
+        print(f"| page ({jobs:,} jobs) | median ms |")
+        print("|---|---:|")
+        for label, ms in medians.items():
+            print(f"| {label} | {ms:.1f} |")
         print()
         print("\n".join(plan))
 
