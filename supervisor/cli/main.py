@@ -261,6 +261,14 @@ def _load_handlers(settings: settings_mod.Settings) -> None:
                     spec.kind, spec.queue or "default", ",".join(settings.queues))
 
 
+def _require_migrated(conn: psycopg.Connection) -> None:
+    """Refuse (SchemaMissing: one line) a database with migrations pending."""
+    missing = migrate.pending(conn)
+    if missing:
+        raise SchemaMissing(f"pgfence schema is not up to date ({len(missing)} migration(s) pending): "
+                            "run 'pgfence migrate'")
+
+
 def _register_kinds(conn: Any) -> None:
     """Record the loaded handlers' options in pgfence.kinds, where every
     producer's enqueue finds them."""
@@ -380,10 +388,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _load_handlers(settings)
     dsn, conn = _connect(args)
     with conn:
-        missing = migrate.pending(conn)
-        if missing:
-            raise SchemaMissing(f"pgfence schema is not up to date ({len(missing)} migration(s) pending): "
-                                "run 'pgfence migrate'")
+        _require_migrated(conn)
         _register_kinds(conn)
     # The connection above is closed: the arbiter holds none when it forks.
     sock = _bind_metrics(settings)
@@ -499,10 +504,7 @@ def cmd_web(args: argparse.Namespace) -> int:
     serve.check_installed()
     dsn, conn = _connect(args)
     with conn:
-        missing = migrate.pending(conn)
-    if missing:
-        raise SchemaMissing(f"pgfence schema is not up to date ({len(missing)} migration(s) pending): "
-                            "run 'pgfence migrate'")
+        _require_migrated(conn)
     sock = serve.bind(settings.web_host, settings.web_port)
     log.info("pgfence web on http://%s:%d/ (database %s%s%s%s)", serve.shown_host(settings.web_host),
              settings.web_port, db.redact(dsn), ", read-only" if settings.web_read_only else "",
