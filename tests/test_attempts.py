@@ -151,7 +151,8 @@ def test_a_shutdown_release_is_recorded(conn, make_worker):
 
 
 def test_a_dead_worker_release_is_recorded(conn, dsn, runs):
-    run = runs(dsn, "--workers", "1")
+    # A short drain at the end: the released job runs again, for 30 s.
+    run = runs(dsn, "--workers", "1", "--graceful-timeout", "0.5")
     job_id = enqueue(conn, "sleep", {"seconds": 30})
     wait_for(lambda: status(conn, job_id) == "running", timeout=20, message="the job to run")
     worker = scalar(conn, "SELECT locked_by FROM pgfence.jobs WHERE id = %s", (job_id,))

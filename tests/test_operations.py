@@ -134,7 +134,8 @@ def test_a_running_supervisor_stops_claiming_a_paused_queue_and_resumes(conn, ds
 
 def test_a_running_supervisor_keeps_its_row_with_its_children_and_their_jobs_and_removes_it_on_stop(
         conn, dsn, runs):
-    run = runs(dsn, "--workers", "2", "--queues", "default")
+    # A short drain at the end: the job below sleeps 30 s.
+    run = runs(dsn, "--workers", "2", "--queues", "default", "--graceful-timeout", "0.5")
     up = wait_for(lambda: operations.supervisors_up(conn), timeout=20, message="the supervisor's row")
     [row] = up
     assert (row.host, row.pid, row.workers) == (socket.gethostname(), run.proc.pid, 2)
