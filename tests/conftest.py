@@ -164,7 +164,7 @@ def _clean_registry():
 def make_worker(dsn):
     """Make in-process Workers on the test's database; closed afterwards."""
     from pgfence.settings import Settings
-    from pgfence.worker.loop import Worker
+    from pgfence.worker.engine import Worker
 
     made: list[Worker] = []
 

@@ -181,9 +181,9 @@ def test_an_async_job_whose_batched_completion_is_refused_is_recorded(conn, dsn)
     from pgfence import registry
     from pgfence.asyncjob import AsyncJob
     from pgfence.settings import Settings
-    from pgfence.worker.concurrent import make_worker
+    from pgfence.worker.engine import make_worker
 
-    registry._REGISTRY.clear()   # async handlers alone: the loop claims and completes (restored after the test)
+    registry._REGISTRY.clear()   # async handlers alone (restored after the test)
 
     @handler("async-cancelled-under-me")
     async def cancelled_under_me(job: AsyncJob) -> None:
@@ -192,7 +192,7 @@ def test_an_async_job_whose_batched_completion_is_refused_is_recorded(conn, dsn)
 
     job_id = enqueue(conn, "async-cancelled-under-me")
     worker = make_worker(dsn, Settings(renew=False), name="w-async")
-    assert worker.claims_on_loop
+    assert worker.loop_slots is not None
     stats = worker.run(burst=True)
     assert stats.outcomes == {"lost": 1}
     assert attempts(conn, job_id) == [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pgfence.backoff import Backoff
 from pgfence.settings import Settings
-from pgfence.worker.loop import Worker
+from pgfence.worker.engine import Worker
 
 
 def test_backoff_is_exponential_capped_and_jittered() -> None:

@@ -13,7 +13,7 @@ import pgfence.handlers.builtin  # noqa: F401 - registers noop & co. before the 
 from pgtools import job_row, scalar, wait_for
 from pgfence import enqueue, handler
 from pgfence.store.queries import q
-from pgfence.worker.loop import Worker
+from pgfence.worker.engine import Worker
 
 
 def claim_params(worker: str = "sql", *, queues=("default",), batch: int = 1, lease: float = 30.0,
@@ -332,7 +332,7 @@ def test_a_claim_prepared_on_an_empty_table_is_planned_anew_when_the_queue_fills
     and each claim after that is a custom plan (no generic plan is ever
     used) that takes the jobs in claim order."""
     from pgfence.settings import Settings
-    from pgfence.worker.concurrent import ConcurrentWorker
+    from pgfence.worker.engine import ConcurrentWorker
 
     conn.execute("VACUUM ANALYZE pgfence.jobs")
     many = ConcurrentWorker(dsn, Settings(renew=False, threads=4), name="many")

@@ -22,7 +22,7 @@ from pgfence.errors import ConfigError
 from pgfence.renewal.renewer import HeartbeatManager
 from pgfence.handlers.tables import INSERT_EFFECT
 from pgfence.settings import Settings
-from pgfence.worker.loop import Worker
+from pgfence.worker.engine import Worker
 
 PASSWORD = "s3cret"
 UNREACHABLE = f"postgresql://postgres:{PASSWORD}@127.0.0.1:1/x"

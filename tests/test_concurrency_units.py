@@ -11,8 +11,9 @@ from pgfence import AsyncJob, ConfigError, Job, handler, registry
 from pgfence.prefork import proctitle
 from pgfence.settings import ASYNC_CONCURRENCY_MAX, THREADS_MAX, Settings
 from pgfence.worker.aio import BLOCKED_AFTER, EventLoop
-from pgfence.worker.concurrent import Claim, ConcurrentWorker, make_worker
-from pgfence.worker.loop import Worker
+from pgfence.worker.engine import Claim, ConcurrentWorker, make_worker
+from pgfence.worker.slots import InlineSlot, LoopSlots, ThreadSlots
+from pgfence.worker.engine import Worker
 from pgtools import wait_for
 
 DSN = "host=127.0.0.1 dbname=never_connected"
@@ -60,9 +61,11 @@ def test_capacity_and_claim_size_follow_threads_async_and_batch():
     assert Settings(threads=8, batch=4).claim_size(True) == 4
 
 
-def test_make_worker_picks_the_serial_worker_unless_threads_or_async_handlers():
-    assert type(make_worker(DSN, Settings(renew=False))) is Worker
-    assert type(make_worker(DSN, Settings(threads=2, renew=False))) is ConcurrentWorker
+def test_make_worker_picks_the_one_slot_unless_threads_or_async_handlers():
+    one = make_worker(DSN, Settings(renew=False))
+    assert (type(one.sync_slots), one.loop_slots, one.capacity) == (InlineSlot, None, 1)
+    many = make_worker(DSN, Settings(threads=2, renew=False))
+    assert (type(many.sync_slots), many.loop_slots, many.capacity) == (ThreadSlots, None, 2)
 
     @handler("t_units_async")
     async def work(job: AsyncJob) -> None:
@@ -70,7 +73,7 @@ def test_make_worker_picks_the_serial_worker_unless_threads_or_async_handlers():
 
     assert registry.has_async()
     worker = make_worker(DSN, Settings(renew=False, async_concurrency=7))
-    assert isinstance(worker, ConcurrentWorker)
+    assert (type(worker.sync_slots), type(worker.loop_slots)) == (ThreadSlots, LoopSlots)
     assert (worker.threads, worker.async_slots, worker.capacity) == (1, 7, 8)
 
 
@@ -87,7 +90,8 @@ def test_the_claim_plan_takes_the_free_slots_of_the_roomier_side_first_then_the_
     worker = ConcurrentWorker(DSN, Settings(renew=False, threads=4, async_concurrency=10))
     # The loop has more room: its kinds first, then every other kind for the threads.
     assert worker.claim_plan() == [Claim(10, kinds=aio, on_loop=True), Claim(4, not_kinds=aio)]
-    assert not worker.claims_on_loop      # def handlers too: the claiming thread claims for both sides
+    # def handlers too: threads and a loop, and the claims go to both sides.
+    assert (type(worker.sync_slots), type(worker.loop_slots)) == (ThreadSlots, LoopSlots)
     worker._running = [4, 3]                                     # threads full
     assert worker.claim_plan() == [Claim(7, kinds=aio, on_loop=True)]
     worker._running = [1, 10]                                    # loop full
@@ -110,7 +114,7 @@ def test_the_claim_plan_takes_the_free_slots_of_the_roomier_side_first_then_the_
 def test_a_worker_of_one_side_claims_any_kind_into_its_free_slots():
     threads = ConcurrentWorker(DSN, Settings(renew=False, threads=4))
     assert threads.claim_plan() == [Claim(4)]
-    assert not threads.claims_on_loop
+    assert (type(threads.sync_slots), threads.loop_slots) == (ThreadSlots, None)
     threads._running = [4, 0]
     assert threads.claim_plan() == []
 
@@ -123,7 +127,8 @@ def test_a_worker_of_one_side_claims_any_kind_into_its_free_slots():
             del registry._REGISTRY[spec.kind]
     loop = ConcurrentWorker(DSN, Settings(renew=False, async_concurrency=50))
     assert loop.claim_plan() == [Claim(50)]
-    assert loop.claims_on_loop            # async handlers alone: its loop claims and completes
+    # Async handlers alone: the loop's claims take any kind (a thread puts back the unknown ones).
+    assert type(loop.loop_slots) is LoopSlots
 
 
 def test_the_event_loop_reports_the_time_it_has_not_turned():

@@ -10,7 +10,7 @@ import re
 import pgfence.handlers.builtin  # noqa: F401 - registers noop, sleep, fail before the registry snapshot
 from pgtools import env_for, job_row, pgfence, scalar
 from pgfence import enqueue, errortext, handler
-from pgfence.worker.loop import FAILED, RETRIED
+from pgfence.worker.outcomes import FAILED, RETRIED
 
 LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING pgfence\.worker: (.*)$")
 

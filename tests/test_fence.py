@@ -32,7 +32,8 @@ from pgfence.worker.lease import Lease
 from pgfence.handlers.tables import INSERT_EFFECT
 from pgfence.store.queries import q
 from pgfence.settings import Settings
-from pgfence.worker.loop import LOST, Worker
+from pgfence.worker.engine import Worker
+from pgfence.worker.outcomes import LOST
 
 #: Lease of the worker processes, and the length of a "long" job: the job
 #: outlives the lease by far, as in the seed's double run (3 s and 10 s).

@@ -18,7 +18,7 @@ import pytest
 
 from pgtools import ROOT, env_for, job_row, pgfence, scalar, spawn, wait_for
 from pgfence import ConfigError, enqueue, handler, registry
-from pgfence.worker.loop import FAILED
+from pgfence.worker.outcomes import FAILED
 
 ASYNC_REFUSED = ("pgfence: error: handler 't_async' (amod.agen) is an async generator; calling it runs nothing: "
                  "define it with async def and no yield, or with def\n")

@@ -171,7 +171,8 @@ def test_a_scrape_skips_an_empty_or_half_written_metrics_file_with_one_line(back
         assert total(parsed, "pgfence_jobs_claimed_total") == 1
     err = run.stop()
     assert "Traceback" not in err, err
+    # The half-written one is logged once; the empty one (a child that has
+    # just started: the race every start has) is skipped silently.
     skipped = [line for line in err.splitlines() if "skipped, it cannot be read" in line]
-    assert len(skipped) == 2, err
-    assert {"counter_999991.db" in skipped[0] or "counter_999991.db" in skipped[1],
-            "histogram_999992.db" in skipped[0] or "histogram_999992.db" in skipped[1]} == {True}
+    assert len(skipped) == 1 and "histogram_999992.db" in skipped[0], err
+    assert "counter_999991.db" not in err, err

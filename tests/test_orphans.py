@@ -7,7 +7,7 @@ import socket
 
 from pgtools import job_row
 from pgfence import enqueue
-from pgfence.prefork.child import worker_name
+from pgfence.identity import worker_name
 from pgfence.renewal.process import RenewalProcess
 from pgfence.store.queries import q
 from pgfence.settings import Settings
@@ -88,8 +88,8 @@ def test_a_dead_childs_release_never_touches_another_supervisors_job_of_the_same
 
 
 def test_every_supervisor_and_worker_draws_its_own_instance_id():
-    from pgfence.prefork.child import new_instance_id
-    from pgfence.worker.loop import default_name
+    from pgfence.identity import new_instance_id
+    from pgfence.worker.engine import default_name
 
     ids = {new_instance_id() for _ in range(1000)}
     assert len(ids) == 1000 and all(len(i) == 8 and int(i, 16) >= 0 for i in ids)

@@ -22,7 +22,7 @@ import pytest
 from pgtools import wait_for
 from pgfence import AsyncJob, Job, enqueue, handler, registry
 from pgfence.settings import Settings
-from pgfence.worker.concurrent import ConcurrentWorker
+from pgfence.worker.engine import ConcurrentWorker
 
 #: Jobs per round: more than the slots, so the pool opens several connections.
 ROUND = 12

@@ -8,7 +8,7 @@ from pgtools import job_row, scalar
 from pgfence import enqueue, registry
 from pgfence.tools.mailsink import MailSink
 from pgfence.settings import Settings
-from pgfence.worker.loop import Worker
+from pgfence.worker.engine import Worker
 
 
 @pytest.fixture

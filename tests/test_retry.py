@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 import pgfence.handlers.builtin  # noqa: F401 - registers noop, sleep, fail before the registry snapshot
 from pgtools import job_row, scalar, wait_for
 from pgfence import LeaseLost, enqueue, handler
-from pgfence.worker.loop import DONE, FAILED, LOST, PUT_BACK, RETRIED
+from pgfence.worker.outcomes import DONE, FAILED, LOST, PUT_BACK, RETRIED
 
 
 def clock(conn: psycopg.Connection) -> dt.datetime:

@@ -15,7 +15,7 @@ from pgfence.prefork.child import SlotLeases
 from pgfence.renewal.process import RenewalProcess
 from pgfence.settings import Settings
 from pgfence.prefork.slots import ACTIVE, SlotTable
-from pgfence.worker.loop import Worker
+from pgfence.worker.engine import Worker
 from test_supervisor_faults import supervisors  # noqa: F401 - the fixture
 
 #: Each job of the batch works this long; the timeout is shorter than the

@@ -13,7 +13,7 @@ import pgfence.handlers.builtin  # noqa: F401 - registers noop, sleep, fail befo
 from metricstools import total
 from pgtools import job_row, pgfence, scalar, spawn, wait_for
 from pgfence import enqueue
-from pgfence.worker.loop import DONE, FAILED, LOST, PUT_BACK
+from pgfence.worker.outcomes import DONE, FAILED, LOST, PUT_BACK
 
 
 def rows(conn, kind: str) -> list[tuple]:

@@ -332,7 +332,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_work(args: argparse.Namespace) -> int:
-    from pgfence.worker.concurrent import make_worker
+    from pgfence.worker.engine import make_worker
 
     settings = _worker_command_settings(args)
     if args.unprotected:

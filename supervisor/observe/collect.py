@@ -52,6 +52,11 @@ class TolerantCollector(MultiProcessCollector):
         except FileNotFoundError:
             return False   # gone since the glob: its process ended
         except Exception as exc:  # noqa: BLE001 - empty, half-written or corrupt: struct, JSON or decode errors
+            if _empty(path):
+                # Created by a process that has just started and not yet
+                # sized: it is read at the next scrape, and says nothing wrong.
+                log.debug("metrics file %s skipped this scrape: still empty", os.path.basename(path))
+                return False
             with self._lock:
                 first = path not in self._logged
                 self._logged.add(path)
@@ -59,3 +64,10 @@ class TolerantCollector(MultiProcessCollector):
                 log.warning("metrics file %s skipped, it cannot be read (%s: %s); logged once per file",
                             os.path.basename(path), type(exc).__name__, exc)
             return False
+
+
+def _empty(path: str) -> bool:
+    try:
+        return os.path.getsize(path) == 0
+    except OSError:
+        return True

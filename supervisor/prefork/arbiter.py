@@ -35,7 +35,7 @@ from enum import StrEnum
 
 from prometheus_client import multiprocess
 
-from pgfence import registry
+from pgfence import identity, registry
 from pgfence.errors import ConfigError
 from pgfence.observe import metrics
 from pgfence.observe import server as metrics_server
@@ -154,8 +154,8 @@ class Arbiter:
         self.dsn = dsn
         self.settings = settings
         #: In every child's name: tells this supervisor's children from
-        #: another's with the same host name and pids (see child.new_instance_id).
-        self.instance = child.new_instance_id()
+        #: another's with the same host name and pids (see identity.new_instance_id).
+        self.instance = identity.new_instance_id()
         #: When this supervisor started (wall clock): its started_at in
         #: pgfence.supervisors, kept across heartbeat manager restarts.
         self.started = time.time()

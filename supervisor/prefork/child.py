@@ -1,7 +1,7 @@
 """A worker child's life after the fork.
 
 The child opens its own connection, claims, runs and completes jobs through
-the fence (``pgfence.worker.loop.Worker``), and publishes what it holds and a
+the fence (``pgfence.worker.engine.Engine``), and publishes what it holds and a
 liveness tick in its slot of the shared table.  A small thread ticks (says
 the child is alive) and copies what the renewal process wrote (new deadlines,
 lost leases) into the child's leases; a child that is stopped or hung stops
@@ -15,14 +15,13 @@ import logging
 import os
 import random
 import resource
-import secrets
 import signal
-import socket
 import sys
 import threading
 
+from pgfence.identity import worker_name
 from pgfence.prefork import proctitle
-from pgfence.job import Job, JobBase
+from pgfence.job import JobBase
 from pgfence.worker.lease import Lease
 from pgfence.settings import Settings
 from pgfence.prefork.slots import SlotTable
@@ -69,22 +68,6 @@ def rss_mib() -> float:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         # Kilobytes on Linux, bytes on macOS.
         return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
-
-
-def new_instance_id() -> str:
-    """A random id for one supervisor (or one ``pgfence work``) process.
-
-    Host name and pid do not tell supervisors apart: containers with the same
-    host name (host networking, a fixed ``hostname:``) start their arbiter
-    as pid 1, so children's pids and numbers repeat, and a dead child's
-    release by name once handed back another supervisor's live job."""
-    return secrets.token_hex(4)
-
-
-def worker_name(pid: int, number: int, instance: str) -> str:
-    """A child's name in ``locked_by``: ``host:pid:wN:instance``, unique to
-    this child of this supervisor."""
-    return f"{socket.gethostname()}:{pid}:w{number}:{instance}"
 
 
 class SlotLeases:
@@ -171,7 +154,7 @@ def main(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
 def _run(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
          tick_interval: float, instance: str) -> int:
     from pgfence.observe import metrics
-    from pgfence.worker.concurrent import ConcurrentWorker, make_worker
+    from pgfence.worker.engine import make_worker
 
     parent = os.getppid()
     signal.set_wakeup_fd(-1)
@@ -181,10 +164,6 @@ def _run(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
     proctitle.set(proctitle.worker(number, None))
 
     leases = SlotLeases(table, slot, tick_interval)
-
-    def title(job: Job | None) -> None:
-        proctitle.set(proctitle.worker(number, None if job is None else (job.kind, job.id, job.attempt)))
-
     last: list[tuple[str, int, int] | None] = [None]
 
     def titles(busy: int, capacity: int, job: JobBase | None) -> None:
@@ -195,9 +174,8 @@ def _run(number: int, slot: int, table: SlotTable, dsn: str, settings: Settings,
         proctitle.set(proctitle.worker(number, last[0], busy=busy, capacity=capacity))
 
     worker = make_worker(dsn, settings, name=worker_name(os.getpid(), number, instance),
-                         heartbeat=leases, on_job=title, on_title=titles, recycle=True)
-    if isinstance(worker, ConcurrentWorker):
-        titles(0, worker.capacity, None)
+                         heartbeat=leases, on_title=titles, recycle=True)
+    titles(0, worker.capacity, None)
     # Signal handlers only record: the loop stops claiming and the running
     # job finishes first.
     signal.signal(signal.SIGTERM, lambda *_: worker.request_stop())

@@ -31,7 +31,7 @@ from pgfence.renewal.presence import Presence, arbiter_started_at
 from pgfence.renewal.renewer import HeartbeatManager, renew_period
 from pgfence.worker.lease import Lease
 from pgfence.worker.vacuum import SelfVacuum
-from pgfence.prefork.child import worker_name
+from pgfence.identity import worker_name
 from pgfence.settings import Settings
 from pgfence.prefork.slots import ACTIVE, FREE, ORPHANED_CRASH, ORPHANED_STOP, SlotTable
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pgfence.observe import metrics
 
@@ -105,3 +106,15 @@ class Lease:
         if self.timeout is None or self.started_at is None:
             return False
         return (time.monotonic() if now is None else now) - self.started_at >= self.timeout
+
+
+class LeaseTracker(Protocol):
+    """What renews a worker's leases while its jobs run: its own heartbeat
+    manager (``pgfence work``) or, in a child of ``pgfence run``, the slot
+    table the shared heartbeat manager reads."""
+
+    def track(self, lease: Lease) -> None: ...
+
+    def handler_started(self, lease: Lease) -> None: ...
+
+    def untrack(self, lease: Lease) -> None: ...
