@@ -7,6 +7,7 @@ import datetime as dt
 import threading
 
 import psycopg
+import pytest
 from prometheus_client import REGISTRY
 
 import pgfence.handlers.builtin  # noqa: F401 - registers noop & co. before the registry snapshot
@@ -294,6 +295,42 @@ def test_a_worker_looks_for_expired_leases_at_its_first_claim_then_about_once_a_
     assert [tuple(r) for r in conn.execute(
         "SELECT id, attempt, reclaims, locked_by FROM pgfence.all_jobs ORDER BY id")] == [
         (first, 2, 1, "w1"), (second, 2, 1, "w1")]
+
+
+@pytest.mark.parametrize("threads, async_slots", [(4, 10), (10, 4)], ids=["loop-roomier", "threads-roomier"])
+def test_a_mixed_worker_reclaims_expired_leases_of_both_sorts_of_kind_in_one_round(conn, dsn, threads, async_slots):
+    """A module with def and async def handlers: its claim round sends one
+    claim per slot kind, and both look for expired leases.  In 0.2 the first
+    claim of the round (the roomier side's kinds) spent the reclaim scan, so
+    a frozen peer's expired def jobs stayed running while the loop had more
+    room than the threads."""
+    from pgfence.asyncjob import AsyncJob
+    from pgfence.settings import Settings
+
+    @handler("t_mixed_def")
+    def sync_kind(job) -> None:
+        pass
+
+    @handler("t_mixed_async")
+    async def async_kind(job: AsyncJob) -> None:
+        pass
+
+    sync_job, async_job = enqueue(conn, "t_mixed_def"), enqueue(conn, "t_mixed_async")
+    assert sorted(r[0] for r in conn.execute(q("claim"), claim_params("frozen", batch=2))) == [sync_job, async_job]
+    conn.execute("UPDATE pgfence.jobs SET lease_until = now() - interval '1 second'")
+    worker = Worker(dsn, Settings(renew=False, threads=threads, async_concurrency=async_slots, retention=None),
+                    name="mixed")
+    try:
+        first = worker.claim_round()
+        second = worker.claim_round()
+    finally:
+        worker.close()
+    # Both reclaimed within two rounds (one claim brings jobs per round), with
+    # no wait for the next scan: the claim that was not sent owes its scan.
+    assert sorted((j.id, j.attempt) for j in first + second) == [(sync_job, 2), (async_job, 2)]
+    assert [tuple(r) for r in conn.execute(
+        "SELECT id, status, attempt, reclaims, locked_by FROM pgfence.jobs ORDER BY id")] == [
+        (sync_job, "running", 2, 1, "mixed"), (async_job, "running", 2, 1, "mixed")]
 
 
 def test_a_claim_with_kinds_takes_only_those_kinds_queued_or_expired(conn):

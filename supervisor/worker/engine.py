@@ -267,14 +267,17 @@ class Engine(InFlight, Watching, Claiming, Completing):
         one slot: run and completed); returns how many jobs were claimed."""
         self.open()
         self._release_unreleased()
-        jobs = self._claim_round(self.claim_plan())
+        jobs = self.claim_round()
         self.dispatch_all(jobs)
         return len(jobs)
 
-    def _claim_round(self, plan: list[Claim]) -> list[JobBase]:
+    def claim_round(self, plan: list[Claim] | None = None) -> list[JobBase]:
         """Try the plan's claims in turn until one brings jobs.  Whether they
         look for expired leases is decided once for the round, so each slot
-        kind's claim scans its own kinds' expired leases."""
+        kind's claim scans its own kinds' expired leases.  The jobs are
+        claimed, not dispatched."""
+        if plan is None:
+            plan = self.claim_plan()
         reclaim = self.reclaim_due()
         for index, claim in enumerate(plan):
             jobs = self.claim(claim.size, claim.kinds, claim.not_kinds, reclaim=reclaim)
@@ -347,7 +350,7 @@ class Engine(InFlight, Watching, Claiming, Completing):
             return False
         try:
             self._release_unreleased()
-            jobs = self._claim_round(plan)
+            jobs = self.claim_round(plan)
         except DatabaseError as exc:
             # Unreachable, or a claim refused (a statement timeout, a
             # conflict): wait, then claim again.
