@@ -173,7 +173,7 @@ def package_modules_outside_the_store() -> list[Path]:
 
 def test_no_module_outside_the_store_reads_a_row_by_position() -> None:
     modules = package_modules_outside_the_store()
-    assert len(modules) > 40 and PACKAGE / "worker" / "loop.py" in modules
+    assert len(modules) > 40 and PACKAGE / "worker" / "engine.py" in modules
     found = [hit for path in modules
              for hit in positional_reads(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))]
     assert found == []
