@@ -92,10 +92,7 @@ class AsyncJob(JobBase):
                                 self._rejected()
                                 raise LeaseLost(self.id, self.attempt, "fence_rejected")
                 except TransactionConflict as exc:
-                    if not db.fence_refused(exc):
-                        raise
-                    self._rejected()
-                    raise LeaseLost(self.id, self.attempt, "fence_rejected") from None
+                    self._conflicted(exc)
         self.completed = True
 
     @contextlib.asynccontextmanager

@@ -19,7 +19,7 @@ import datetime
 import json
 import urllib.parse
 from collections.abc import Iterator
-from typing import Any, LiteralString
+from typing import Any, LiteralString, NoReturn
 
 import psycopg
 from psycopg.abc import Params, Query
@@ -170,6 +170,17 @@ class JobBase:
         metrics.DOUBLE_RUN_PREVENTED.labels(self.queue, self.kind).inc()
         self.lease.mark_lost("fence_rejected")
 
+    def _conflicted(self, exc: TransactionConflict) -> NoReturn:
+        """A fenced block's transaction conflicted.  Translated by
+        db.translated(): a serialization failure means another transaction
+        changed the job first (an isolation level above READ COMMITTED), so
+        the fence refused this attempt; a deadlock is an error like any
+        other, raised as it is."""
+        if not db.fence_refused(exc):
+            raise exc
+        self._rejected()
+        raise LeaseLost(self.id, self.attempt, "fence_rejected") from None
+
     def _not_completed(self) -> None:
         if self.completed:
             raise RuntimeError(f"job {self.id} is already completed")
@@ -244,13 +255,7 @@ class Job(JobBase):
                     yield conn
                     self._complete_in_transaction(conn)
             except TransactionConflict as exc:
-                # Translated by db.translated(): a serialization failure means
-                # another transaction changed the job first (an isolation level
-                # above READ COMMITTED); a deadlock is an error like any other.
-                if not db.fence_refused(exc):
-                    raise
-                self._rejected()
-                raise LeaseLost(self.id, self.attempt, "fence_rejected") from None
+                self._conflicted(exc)
             self.completed = True
 
     @contextlib.contextmanager
