@@ -316,15 +316,16 @@ WITH mine AS (
 SELECT id, queue, kind FROM released;
 
 -- name: note_fence_rejected
--- Record the attempts whose completion the fence refused (outcome
--- fence_rejected), after their transaction was rolled back: %(ids)s and
+-- Record the attempts whose owner write the fence refused (outcome
+-- fence_rejected): %(what)s (their completion, after its transaction was
+-- rolled back; their error report; their put-back) of %(ids)s and
 -- %(attempts)s, run by %(worker)s for %(ran)s seconds each.  The detail
 -- says what had happened to the job: another attempt holds it, it went
 -- back to the queue (released, retried), or it had ended (cancelled,
 -- failed, done by another attempt).
 INSERT INTO pgfence.job_attempts (job_id, attempt, worker, started_at, outcome, detail)
 SELECT f.id, f.attempt, %(worker)s, now() - make_interval(secs => f.ran), 'fence_rejected',
-       'completion refused by the fence: ' || coalesce(
+       %(what)s || ' refused by the fence: ' || coalesce(
            (SELECT CASE WHEN j.attempt <> f.attempt THEN format('attempt %%s holds the job now', j.attempt)
                         ELSE 'the job went back to the queue meanwhile' END
               FROM pgfence.jobs j WHERE j.id = f.id),

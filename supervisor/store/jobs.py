@@ -239,26 +239,21 @@ def release(conn: psycopg.Connection, job_id: int, attempt: int, *, reclaim: boo
     return released
 
 
-def _rejected_params(ids: Sequence[int], attempts: Sequence[int], ran: Sequence[float],
-                     worker: str) -> dict[str, str]:
-    return {"ids": db.array_literal(ids), "attempts": db.array_literal(attempts),
-            "ran": db.array_literal([max(0.0, r) for r in ran]), "worker": worker}
+#: What the fence refused, as note_fence_rejected's detail names it.
+REFUSED_WRITES = ("completion", "error report", "put-back")
 
 
 def note_fence_rejected(conn: psycopg.Connection, ids: Sequence[int], attempts: Sequence[int],
-                        ran: Sequence[float], *, worker: str) -> None:
+                        ran: Sequence[float], *, worker: str, what: str = "completion") -> None:
     """Record in pgfence.job_attempts the attempts of ``worker`` whose
-    completion the fence refused (``ran``: seconds since each started), in
-    one statement, after their transactions were rolled back."""
+    ``what`` (one of REFUSED_WRITES) the fence refused (``ran``: seconds
+    since each started), in one statement."""
+    if what not in REFUSED_WRITES:
+        raise ValueError(f"unknown refused write {what!r}")
     if ids:
-        conn.execute(q("note_fence_rejected"), _rejected_params(ids, attempts, ran, worker))
-
-
-async def note_fence_rejected_async(conn: psycopg.AsyncConnection, ids: Sequence[int], attempts: Sequence[int],
-                                    ran: Sequence[float], *, worker: str) -> None:
-    """:func:`note_fence_rejected` on an async connection."""
-    if ids:
-        await conn.execute(q("note_fence_rejected"), _rejected_params(ids, attempts, ran, worker))
+        conn.execute(q("note_fence_rejected"), {
+            "ids": db.array_literal(ids), "attempts": db.array_literal(attempts),
+            "ran": db.array_literal([max(0.0, r) for r in ran]), "worker": worker, "what": what})
 
 
 def _seconds(conn: psycopg.Connection, name: str, queues: Sequence[str]) -> float | None:

@@ -87,13 +87,13 @@ class Outcomes:
     def _forget_connection(self, exc: PgfenceError) -> None:
         raise NotImplementedError
 
-    def _refused(self, job: JobBase) -> None:
-        """The fence refused a write of ``job``'s attempt (an error report, a
-        put-back): counted, and recorded in its attempts, as a refused
+    def _refused(self, job: JobBase, what: str) -> None:
+        """The fence refused ``what`` of ``job``'s attempt (its error report,
+        its put-back): counted, and recorded in its attempts, as a refused
         completion is."""
         metrics.DOUBLE_RUN_PREVENTED.labels(job.queue, job.kind).inc()
         job.lease.mark_lost("fence_rejected")
-        self.note_rejected([job])
+        self.note_rejected([job], what)
 
     @contextlib.contextmanager
     def _conn_for(self, job: JobBase) -> Iterator[psycopg.Connection]:
@@ -234,7 +234,7 @@ class Outcomes:
         if row is None:
             # The fence refused a stale attempt's report: the job has a new
             # owner (or was cancelled) and its state must not be overwritten.
-            self._refused(job)
+            self._refused(job, "error report")
             return LOST
         if row.status == "failed":
             log.warning("job %s (%s) attempt %s failed for good (%s of %s attempts spent): %s",
@@ -289,7 +289,7 @@ class Outcomes:
             self._forget_connection(exc)
             return LOST
         if status is None:
-            self._refused(job)
+            self._refused(job, "put-back")
             return LOST
         metrics.of(metrics.UNKNOWN_KIND, job.queue, job.kind).inc()
         if status == "failed":
@@ -327,11 +327,12 @@ class Outcomes:
             return False
         return released is not None
 
-    def note_rejected(self, jobs: list[JobBase] | list[Job]) -> None:
-        """Record in the jobs' attempts that the fence refused the completion
-        of ``jobs`` (one small insert, after their transactions were rolled
-        back).  A failure is logged, not raised: the fence did its work, and
-        only the record for operators is missing."""
+    def note_rejected(self, jobs: list[JobBase] | list[Job], what: str = "completion") -> None:
+        """Record in the jobs' attempts that the fence refused ``what`` of
+        ``jobs`` (their completion, after their transactions were rolled back;
+        an error report; a put-back), in one small insert.  A failure is
+        logged, not raised: the fence did its work, and only the record for
+        operators is missing."""
         if not jobs:
             return
         now = time.monotonic()
@@ -339,9 +340,9 @@ class Outcomes:
         try:
             with self._conn_for(jobs[0]) as conn, db.translated(self.dsn):
                 store.note_fence_rejected(conn, [job.id for job in jobs], [job.attempt for job in jobs], ran,
-                                          worker=self.name)
+                                          worker=self.name, what=what)
         except DatabaseError as exc:
-            log.warning("could not record the refused completion of %d job(s): %s", len(jobs), exc)
+            log.warning("could not record the refused %s of %d job(s): %s", what, len(jobs), exc)
             self._forget_connection(exc)
 
     def _release_unreleased(self) -> None:
