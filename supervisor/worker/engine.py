@@ -103,6 +103,7 @@ class Engine(InFlight, Watching, Claiming, Completing):
         self._durations = None
         self._unknown_logged = set()
         self._unreleased = []
+        self._unrecorded = []
         #: The pool jobs write on when they run on threads (None: on the
         #: worker's own connection).
         self.pool: ConnectionPool | None = None
@@ -328,6 +329,7 @@ class Engine(InFlight, Watching, Claiming, Completing):
         finally:
             if self.completer is not None:
                 self.completer.stop(self.settings.graceful_timeout)
+            self.record_unrecorded()
             self.close()
         return self.stats
 

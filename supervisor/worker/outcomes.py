@@ -76,6 +76,9 @@ class Outcomes:
     _durations: dict[tuple[str, str], list[float]] | None
     _unknown_logged: set[str]
     _unreleased: list[JobBase]
+    #: Refusals whose record could not be written (the database was out of
+    #: reach): written once it answers, so every counted refusal has its row.
+    _unrecorded: list[tuple[list[JobBase], str, list[float]]]
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -331,23 +334,41 @@ class Outcomes:
         """Record in the jobs' attempts that the fence refused ``what`` of
         ``jobs`` (their completion, after their transactions were rolled back;
         an error report; a put-back), in one small insert.  A failure is
-        logged, not raised: the fence did its work, and only the record for
-        operators is missing."""
+        logged, not raised: the fence did its work, and the record is written
+        once the database answers again (before the next claim)."""
         if not jobs:
             return
         now = time.monotonic()
         ran = [now - (job.lease.started_at or job.lease.claimed_at) for job in jobs]
+        self._record_rejected(list(jobs), what, ran)
+
+    def _record_rejected(self, jobs: list[JobBase], what: str, ran: list[float]) -> bool:
         try:
             with self._conn_for(jobs[0]) as conn, db.translated(self.dsn):
                 store.note_fence_rejected(conn, [job.id for job in jobs], [job.attempt for job in jobs], ran,
                                           worker=self.name, what=what)
         except DatabaseError as exc:
-            log.warning("could not record the refused %s of %d job(s): %s", what, len(jobs), exc)
+            log.warning("could not record the refused %s of %d job(s) yet: %s", what, len(jobs), exc)
             self._forget_connection(exc)
+            self._unrecorded.append((jobs, what, ran))
+            return False
+        return True
+
+    def record_unrecorded(self) -> None:
+        """Write the refusals an outage kept from their records (also once
+        more as the worker ends)."""
+        unrecorded, self._unrecorded = self._unrecorded, []
+        for i, (jobs, what, ran) in enumerate(unrecorded):
+            # The insert ignores a row already there, so a retry never doubles one.
+            if not self._record_rejected(jobs, what, ran):
+                self._unrecorded.extend(unrecorded[i + 1:])   # still out of reach: the rest wait too
+                return
 
     def _release_unreleased(self) -> None:
         """Release the jobs whose leases an outage lost, now that the
-        database answers; DatabaseUnavailable while any is left."""
+        database answers, and write the refusals an outage kept unrecorded;
+        DatabaseUnavailable while any job is left."""
+        self.record_unrecorded()
         pending, self._unreleased = self._unreleased, []
         for job in pending:
             if self.release(job, retry_later=True, detail="lease lost to an outage: handed back once the "
