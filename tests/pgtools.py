@@ -73,6 +73,36 @@ def spawn(*args: str, dsn: str | None = None, env: dict[str, str] | None = None,
                             env=env or env_for(dsn), text=True, **popen)
 
 
+def title(pid: int) -> str | None:
+    """The process title of ``pid`` (its cmdline), or None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name, or None."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` (R, S, T, Z...), or None if it is gone."""
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
+def started(pid: int) -> int | None:
+    """The start time of ``pid`` (clock ticks after boot): with the pid, it
+    names one process, even once the pid is reused."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None
+
+
 def job_row(conn: psycopg.Connection, job_id: int) -> dict[str, Any]:
     cur = conn.execute("SELECT * FROM pgfence.all_jobs WHERE id = %s", (job_id,))
     names = [c.name for c in cur.description]

@@ -25,23 +25,21 @@ computed from the database's clock, the only clock that decides ticks.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import itertools
 import os
 import signal
-import subprocess
 import urllib.parse
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import psycopg
 import pytest
 
-from metricstools import free_port, http_get, samples
+from metricstools import free_port
 from periodic_handlers import RUNS_TABLE
-from pgtools import env_for, pgfence, scalar, spawn, wait_for
+from pgtools import env_for, pgfence, scalar, wait_for
+from supervisors import Supervisor, supervisor_fixture
 from pgfence.scheduling.schedule import TICK_KEY_PREFIX, Schedule, tick_key
 
 HANDLERS_MODULE = "pgfence_periodic_test_schedules"
@@ -51,125 +49,19 @@ SECOND = dt.timedelta(seconds=1)
 # -- supervisors ------------------------------------------------------------------
 
 
-def title(pid: int) -> str | None:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+def supervisor_defaults(tmp_path: Path) -> dict[str, Any]:
+    """One worker, a metrics port of its own, the builtin handlers and the
+    test's module (``write_schedules``) once it is written."""
+    modules = "pgfence.handlers.builtin"
+    if (tmp_path / f"{HANDLERS_MODULE}.py").exists():
+        modules += f",{HANDLERS_MODULE}"
+    return {"metrics_port": free_port(), "workers": 1, "poll_interval": 0.2, "handlers": modules}
 
 
-def state(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-class Supervisor:
-    """One ``pgfence run`` with a metrics port of its own; its log (stdout
-    and stderr) in a file."""
-
-    def __init__(self, dsn: str, tmp_path: Path, label: str, args: list[str], env: dict[str, str]):
-        self.label = label
-        self.port = free_port()
-        self.log_path = tmp_path / f"{label}.log"
-        environ = env_for(dsn, **env)
-        environ["PYTHONPATH"] = os.pathsep.join([str(tmp_path), environ["PYTHONPATH"]])
-        with open(self.log_path, "w") as log:
-            self.proc = spawn("run", "--metrics-port", str(self.port), *args, env=environ,
-                              stdout=log, stderr=subprocess.STDOUT)
-        self.pid = self.proc.pid
-        self.seen: set[int] = set()
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def children(self) -> dict[int, str]:
-        try:
-            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
-        except OSError:
-            return {}
-        out = {}
-        for pid in map(int, text.split()):
-            name = title(pid)
-            if name is not None and state(pid) not in (None, "Z", "X"):
-                out[pid] = name
-                self.seen.add(pid)
-        return out
-
-    def heartbeat(self) -> int | None:
-        pids = [p for p, t in self.children().items() if t.startswith("pgfence heartbeat")]
-        return pids[0] if len(pids) == 1 else None
-
-    def wait(self, condition: Callable[[], Any], timeout: float, message: str) -> Any:
-        """wait_for, with the supervisor's log in the failure."""
-        try:
-            return wait_for(condition, timeout=timeout, message=message)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n--- {self.label} log ---\n{self.log()}") from None
-
-    def wait_ready(self, workers: int, timeout: float = 30) -> None:
-        """Its workers and heartbeat manager forked, and /readyz says ready."""
-        self.wait(lambda: len([t for t in self.children().values() if t.startswith("pgfence worker ")]) == workers
-                  and self.heartbeat() is not None and http_get(self.url("/readyz"))[0] == 200,
-                  timeout, f"{workers} workers, a heartbeat manager and /readyz")
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        status, text = http_get(self.url("/metrics"))
-        return samples(text) if status == 200 else {}
-
-    def signal(self, sig: signal.Signals) -> None:
-        os.kill(self.pid, sig)
-
-    def stop(self, timeout: float = 30) -> int:
-        """SIGTERM; its exit status once it has exited."""
-        self.children()
-        self.signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.label} still running after {timeout}s:\n{self.log()}") from None
-
-    def cleanup(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.pid, signal.SIGSTOP)      # it forks no more
-            self.children()
-            os.kill(self.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        for pid in self.seen:
-            if (title(pid) or "").startswith("pgfence") and state(pid) not in (None, "Z", "X"):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def supervisors(dsn, tmp_path):
-    """Start ``pgfence run`` on the test's database, loading the builtin
-    handlers and the test's module (``write_schedules``); every process is
-    killed afterwards."""
-    made: list[Supervisor] = []
-
-    def start(*, workers: int = 1, config: Path | None = None, env: dict[str, str] | None = None,
-              args: tuple[str, ...] = ()) -> Supervisor:
-        modules = "pgfence.handlers.builtin"
-        if (tmp_path / f"{HANDLERS_MODULE}.py").exists():
-            modules += f",{HANDLERS_MODULE}"
-        argv = ["--workers", str(workers), "--poll-interval", "0.2", "--handlers", modules]
-        if config is not None:
-            argv += ["--config", str(config)]
-        sup = Supervisor(dsn, tmp_path, f"run{len(made)}", [*argv, *args], env or {})
-        made.append(sup)
-        return sup
-
-    try:
-        yield start
-    finally:
-        for sup in made:
-            sup.cleanup()
+#: Start ``pgfence run`` on the test's database (``supervisor_defaults``;
+#: ``config=`` a settings file, ``args=`` more flags); every process is
+#: killed afterwards.
+supervisors = supervisor_fixture(defaults=supervisor_defaults)
 
 
 def write_schedules(tmp_path: Path, body: str) -> None:

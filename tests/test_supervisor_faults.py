@@ -28,16 +28,16 @@ import datetime as dt
 import os
 import re
 import signal
-import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from pgtools import env_for, job_row, pgfence, scalar, spawn, wait_for
+from pgtools import env_for, job_row, pgfence, scalar, state, title
 from pgfence import enqueue
+from supervisors import Supervisor, supervisor_fixture
+
+__all__ = ["Supervisor", "state", "supervisors", "title"]   # imported by other test modules
 
 HANDLERS_MODULE = "pgfence_fault_handlers"
 HANDLERS_SOURCE = '''\
@@ -111,151 +111,17 @@ def overrun(job):
 WORKER_TITLE = re.compile(r"^pgfence worker (\d+) (idle|(\S+) job (\d+) attempt (\d+))$")
 
 
-# -- processes ------------------------------------------------------------------
-
-
-def title(pid: int) -> str | None:
-    """The process title of ``pid`` (its cmdline), or None if it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
-
-
-def _stat(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name, or None."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return None
-
-
-def state(pid: int) -> str | None:
-    """The one-letter state of ``pid`` (R, S, T, Z...), or None if it is gone."""
-    fields = _stat(pid)
-    return fields[0] if fields else None
-
-
-def started(pid: int) -> int | None:
-    """The start time of ``pid`` (clock ticks after boot): with the pid, it
-    names one process, even once the pid is reused."""
-    fields = _stat(pid)
-    return int(fields[19]) if fields else None
-
-
-class Supervisor:
-    """One ``pgfence run`` process, its log in a file; cleaned up by the
-    fixture, children included."""
-
-    def __init__(self, dsn: str, tmp_path: Path, label: str, args: list[str]):
-        self.label = label
-        self.log_path = tmp_path / f"{label}.log"
-        environ = env_for(dsn)
-        environ["PYTHONPATH"] = os.pathsep.join([str(tmp_path), environ["PYTHONPATH"]])
-        with open(self.log_path, "w") as log:
-            self.proc = spawn("run", *args, env=environ, stdout=log, stderr=subprocess.STDOUT)
-        self.pid = self.proc.pid
-        #: Every child ever seen (pid -> start time), for the final check
-        #: that none is left.
-        self.seen: dict[int, int] = {}
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def children(self) -> dict[int, str]:
-        """pid -> title of the arbiter's live children."""
-        try:
-            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
-        except OSError:
-            return {}
-        out = {}
-        for pid in map(int, text.split()):
-            name, start = title(pid), started(pid)
-            if name is not None and start is not None and state(pid) not in ("Z", "X"):
-                out[pid] = name
-                self.seen.setdefault(pid, start)
-        return out
-
-    def alive(self, pid: int) -> bool:
-        """True while the child ``pid`` seen before runs (not a zombie, and
-        not another process that got its pid)."""
-        return (pid in self.seen and started(pid) == self.seen[pid]
-                and state(pid) not in (None, "Z", "X"))
-
-    def workers(self) -> dict[int, str]:
-        return {p: t for p, t in self.children().items() if t.startswith("pgfence worker ")}
-
-    def heartbeat(self) -> int | None:
-        pids = [p for p, t in self.children().items() if t.startswith("pgfence heartbeat")]
-        assert len(pids) <= 1, self.children()
-        return pids[0] if pids else None
-
-    def title(self) -> str:
-        return title(self.pid) or ""
-
-    def wait(self, condition: Callable[[], Any], timeout: float, message: str) -> Any:
-        """wait_for, with the supervisor's log in the failure."""
-        try:
-            return wait_for(condition, timeout=timeout, message=message)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n--- {self.label} log ---\n{self.log()}") from None
-
-    def wait_workers(self, n: int, timeout: float = 20) -> dict[int, str]:
-        """Wait for exactly ``n`` worker children and a heartbeat manager."""
-        return self.wait(lambda: len(w := self.workers()) == n and self.heartbeat() and w,
-                         timeout, f"{n} worker children and a heartbeat manager")
-
-    def signal(self, sig: signal.Signals) -> None:
-        os.kill(self.pid, sig)
-
-    def wait_exit(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.label} still running after {timeout}s:\n{self.log()}") from None
-
-    def cleanup(self) -> list[int]:
-        """Kill the arbiter and every child; return the pids still alive."""
-        if self.proc.poll() is None:
-            os.kill(self.pid, signal.SIGSTOP)      # it forks no more
-            self.children()
-            os.kill(self.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        for pid in self.seen:
-            if self.alive(pid):
-                os.kill(pid, signal.SIGCONT)       # a stopped process dies only once resumed
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while any(self.alive(p) for p in self.seen) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return [p for p in self.seen if self.alive(p)]
-
-
-@pytest.fixture
-def supervisors(dsn, tmp_path):
-    """Start ``pgfence run`` on the test's database with the stubborn
-    handlers; every arbiter and child is killed afterwards, and none may be
-    left."""
+def prepare(tmp_path: Path) -> None:
+    """The stubborn handlers' module, in the folder the children import from."""
     (tmp_path / f"{HANDLERS_MODULE}.py").write_text(HANDLERS_SOURCE)
-    made: list[Supervisor] = []
 
-    def start(label: str = "run", **options: Any) -> Supervisor:
-        options = {"workers": 2, "lease": 30, "poll_interval": 0.2,
-                   "handlers": f"pgfence.handlers.builtin,{HANDLERS_MODULE}", **options}
-        args = []
-        for name, value in options.items():
-            if value is not None:
-                args += [f"--{name.replace('_', '-')}", str(value)]
-        sup = Supervisor(dsn, tmp_path, f"{label}{len(made)}", args)
-        made.append(sup)
-        return sup
 
-    try:
-        yield start
-    finally:
-        left = [pid for sup in made for pid in sup.cleanup()]
-        assert not left, f"processes left behind: {left}"
+#: Start ``pgfence run`` on the test's database with the stubborn handlers;
+#: every arbiter and child is killed afterwards, and none may be left.
+supervisors = supervisor_fixture(
+    defaults={"workers": 2, "lease": 30, "poll_interval": 0.2,
+              "handlers": f"pgfence.handlers.builtin,{HANDLERS_MODULE}"},
+    prepare=prepare)
 
 
 # -- the database ---------------------------------------------------------------
