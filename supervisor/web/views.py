@@ -24,8 +24,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from pgfence import names
-from pgfence.cli import admin as admin_cli
-from pgfence.cli import periodic as periodic_cli
+from pgfence.admin import commands as admin_commands
+from pgfence.admin import periodic as periodic_admin
 from pgfence.errors import PgfenceError
 from pgfence.job import dedupe_idempotency_key, idempotency_key
 from pgfence.store import admin as admin_store
@@ -252,7 +252,7 @@ class Views:
         def load(conn: psycopg.Connection[Any]) -> dict[str, Any]:
             # As `pgfence status` counts, but sampling history from a fifth
             # of its rows up: the overview is read again and again.
-            percent = admin_cli.history_sample_percent(admin_store.history_estimate(conn), OVERVIEW_EXACT_ROWS)
+            percent = admin_commands.history_sample_percent(admin_store.history_estimate(conn), OVERVIEW_EXACT_ROWS)
             counts: dict[str, dict[str, int]] = {}
             for count in admin_store.status_counts(conn, percent=percent):
                 counts.setdefault(count.queue, {})[count.status] = count.jobs
@@ -393,7 +393,7 @@ class Views:
     # -- schedules -----------------------------------------------------------------
 
     async def schedules(self, request: Request) -> Response:
-        entries = await self.read(periodic_cli.listing)
+        entries = await self.read(periodic_admin.listing)
         return self.render(request, "schedules.html", schedules=entries, has_schedules=bool(entries))
 
     # -- login ---------------------------------------------------------------------
