@@ -8,7 +8,7 @@ import importlib.metadata
 import os
 
 from pgfence import settings as settings_mod
-from pgfence.cli import tools
+from pgfence.cli import loadtest_flags
 from pgfence.errors import ConfigError
 
 
@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("loadtest", help="many jobs, several supervisors and injected faults, then an audit")
     common_options(p)
-    tools.add_loadtest_arguments(p)
+    loadtest_flags.add_loadtest_arguments(p)
 
     p = sub.add_parser("dsn", help="print the DSN in use (password removed)")
     common_options(p)

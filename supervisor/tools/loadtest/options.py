@@ -10,7 +10,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from pgfence.cli.tools import FAULTS
+from pgfence.cli.loadtest_flags import FAULTS
 from pgfence.errors import ConfigError
 from pgfence.settings import ASYNC_CONCURRENCY_MAX, THREADS_MAX, parse_duration
 from pgfence.tools.loadtest import mix as mix_mod
