@@ -2,10 +2,11 @@
 construction.
 
 Every setting is one field of :class:`Settings`, declared with
-:func:`setting`: its default, its converter, its help, the commands that take
-it.  The command-line options (``pgfence.cli.main``), the environment
-variables ``PGFENCE_<NAME>``, the TOML keys and the README's settings table
-(``python -m pgfence.settings_table``) all follow from that one declaration.
+:func:`setting` (``pgfence.settings_declare``): its default, its converter
+(``pgfence.settings_values``), its help, the commands that take it.  The
+command-line options (``pgfence.cli.parser``), the environment variables
+``PGFENCE_<NAME>``, the TOML keys and the README's settings table (``python
+-m pgfence.settings_table``) all follow from that one declaration.
 
 Sources, later ones winning: the defaults below, an optional TOML file
 (``--config`` or ``PGFENCE_CONFIG``), environment variables and the command
@@ -17,252 +18,48 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
-import json
 import tomllib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from pgfence.scheduling.schedule import Schedule
-from pgfence import bounds
-from pgfence import names
+from pgfence import bounds, names
 from pgfence.errors import ConfigError
+from pgfence.scheduling.schedule import Schedule
+from pgfence.settings_declare import WORKER_COMMANDS, Declaration, declare, setting
+from pgfence.settings_values import (
+    Converter,
+    boolean,
+    duration,
+    name_list,
+    optional,
+    optional_duration,
+    parse_duration,
+    schedules,
+    text,
+    whole,
+)
 
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# The names this module has always offered (the declaration and the
+# converters live beside it).
+__all__ = [
+    "ASYNC_CONCURRENCY_MAX", "DECLARATIONS", "IDLE_IN_TRANSACTION_MAX", "IDLE_IN_TRANSACTION_MIN",
+    "SELF_VACUUM_DEAD_TUPLES", "THREADS_MAX", "VACUUM_WARN_DEAD_TUPLES", "VACUUM_WARN_HORIZON", "WORKER_COMMANDS",
+    "Converter", "Declaration", "Settings", "boolean", "duration", "for_command", "from_env", "from_mapping",
+    "from_toml", "idle_in_transaction_ms", "load", "name_list", "optional", "optional_duration", "parse_duration",
+    "schedules", "setting", "text", "whole",
+]
 
 
 #: Bounds of idle_in_transaction_timeout, in seconds.
 IDLE_IN_TRANSACTION_MIN = 1.0
 IDLE_IN_TRANSACTION_MAX = 86400.0
 
-#: The commands that run workers; most settings belong to both.
-WORKER_COMMANDS = ("work", "run")
-
-#: A converter takes the setting's label (its name with dashes, for the error
-#: line) and a value as a source gives it (text from the environment or the
-#: command line, a TOML value), and returns the setting's value.
-Converter = Callable[[str, Any], Any]
-
 
 def idle_in_transaction_ms(seconds: float | None) -> str:
     """Seconds (None: off) as the milliseconds PostgreSQL's
     idle_in_transaction_session_timeout takes, '0' meaning off."""
     return "0" if seconds is None else str(max(1, int(seconds * 1000)))
-
-
-# -- converters ---------------------------------------------------------------------
-
-
-def _is_none(value: Any) -> bool:
-    return value is None or (isinstance(value, str) and value.strip().lower() in ("", "none"))
-
-
-def parse_duration(name: str, text: Any) -> float:
-    """Seconds from ``12``, ``1.5``, ``250ms``, ``30s``, ``5m``, ``2h`` or ``7d``."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        return float(text)
-    match = _DURATION.match(str(text))
-    if not match:
-        raise ConfigError(f"invalid {name}: expected seconds (like 30, 30s, 5m, 7d), got {text!r}")
-    return float(match.group(1)) * _UNITS[match.group(2)]
-
-
-def duration(label: str, value: Any) -> float:
-    """A number of seconds; a value is required."""
-    if _is_none(value):
-        raise ConfigError(f"invalid {label}: a value is required")
-    return parse_duration(label, value)
-
-
-def whole(label: str, value: Any) -> int:
-    """A whole number (``3``, not ``3.0`` nor ``true``)."""
-    if _is_none(value):
-        raise ConfigError(f"invalid {label}: a value is required")
-    try:
-        if isinstance(value, float | bool):
-            raise ValueError
-        return int(str(value).strip())
-    except ValueError:
-        raise ConfigError(f"invalid {label}: expected a whole number, got {value!r}") from None
-
-
-def text(label: str, value: Any) -> str:
-    """A string, as given."""
-    if _is_none(value):
-        raise ConfigError(f"invalid {label}: a value is required")
-    return str(value)
-
-
-def boolean(label: str, value: Any) -> bool:
-    """true/false, yes/no, on/off or 1/0."""
-    if isinstance(value, bool):
-        return value
-    if _is_none(value):
-        raise ConfigError(f"invalid {label}: a value is required")
-    lowered = str(value).strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"invalid {label}: expected true or false, got {value!r}")
-
-
-def name_list(label: str, value: Any) -> tuple[str, ...]:
-    """Names, comma-separated in text or a TOML list; blanks dropped.  An
-    empty TOML list is an empty tuple (the setting's own check decides
-    whether that is allowed); empty text or none is a missing value."""
-    if _is_none(value):
-        raise ConfigError(f"invalid {label}: a value is required")
-    if isinstance(value, list | tuple):
-        return tuple(str(v).strip() for v in value if str(v).strip())
-    return tuple(v.strip() for v in str(value).split(",") if v.strip())
-
-
-def optional(convert: Converter) -> Converter:
-    """``convert``, except that ``none`` (or an empty value) means None."""
-
-    def convert_optional(label: str, value: Any) -> Any:
-        return None if _is_none(value) else convert(label, value)
-
-    convert_optional.__doc__ = f"{convert.__doc__} Or none."
-    convert_optional.__wrapped__ = convert   # type: ignore[attr-defined]
-    return convert_optional
-
-
-optional_duration = optional(duration)
-
-
-_SCHEDULE_KEYS = ("name", "kind", "cron", "every", "tz", "payload", "queue", "overlap", "catch_up", "catch_up_window")
-
-
-def schedules(label: str, value: Any) -> tuple[Schedule, ...]:
-    """Schedules: an array of TOML tables (``[[periodic]]``), or the same as
-    a JSON array of objects (in the environment), each with ``name``,
-    ``kind``, ``cron`` or ``every`` and the options of ``pgfence.periodic``."""
-    if _is_none(value):
-        return ()
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as exc:
-            raise ConfigError(f"invalid {label}: expected a JSON array of schedules: {exc}") from None
-    if not isinstance(value, list | tuple):
-        raise ConfigError(f"invalid {label}: expected an array of tables ([[periodic]]), got {value!r:.80}")
-    out: list[Schedule] = []
-    for index, table in enumerate(value):
-        where = f"{label} #{index + 1}"
-        if not isinstance(table, Mapping):
-            raise ConfigError(f"invalid {where}: expected a table, got {table!r:.80}")
-        unknown = sorted(set(table) - set(_SCHEDULE_KEYS))
-        if unknown:
-            raise ConfigError(f"invalid {where}: unknown key {unknown[0]!r} (known: {', '.join(_SCHEDULE_KEYS)})")
-        for key in ("name", "kind"):
-            if not isinstance(table.get(key), str) or not table.get(key):
-                raise ConfigError(f"invalid {where}: {key} is required")
-        options = dict(table)
-        if options.get("every") is not None:
-            options["every"] = parse_duration(f"every of schedule {table['name']!r}", options["every"])
-        if options.get("catch_up_window") is not None:
-            options["catch_up_window"] = parse_duration(f"catch_up_window of schedule {table['name']!r}",
-                                                        options["catch_up_window"])
-        for key in ("cron", "tz", "queue", "overlap", "catch_up"):
-            if key in options and not isinstance(options[key], str):
-                raise ConfigError(f"invalid {where}: {key} must be text, got {options[key]!r:.80}")
-        out.append(Schedule(**options))
-    seen: set[str] = set()
-    for schedule in out:
-        if schedule.name in seen:
-            raise ConfigError(f"invalid {label}: schedule {schedule.name!r} is declared twice")
-        seen.add(schedule.name)
-    return tuple(out)
-
-
-# -- the declaration ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Declaration:
-    """One setting as declared: everything that the parser, the loaders and
-    the README table need to know about it.
-
-    ``name`` is the field name (``poll_interval``); ``flag`` and ``env``
-    follow from it.  ``shown`` is the default as the help and the README
-    show it.  ``doc`` is the README's text, ``help`` the shorter ``--help``
-    one.  ``commands`` take the setting as a flag; a ``hidden`` setting is
-    set by code only (no flag, no environment variable, no TOML key).
-    ``option`` names the flag when the setting's name would not do (the
-    ``web_`` settings are ``pgfence web --host``, not ``--web-host``).
-    """
-
-    name: str
-    convert: Converter
-    default: Any
-    help: str
-    doc: str
-    shown: str
-    commands: tuple[str, ...]
-    hidden: bool
-    option: str | None = None
-
-    @property
-    def flag(self) -> str:
-        return self.option or "--" + self.name.replace("_", "-")
-
-    @property
-    def env(self) -> str:
-        return "PGFENCE_" + self.name.upper()
-
-    @property
-    def label(self) -> str:
-        """The name used in error lines (``invalid poll-interval: ...``)."""
-        return self.name.replace("_", "-")
-
-    @property
-    def is_boolean(self) -> bool:
-        return self.convert is boolean
-
-    @property
-    def metavar(self) -> str:
-        """The value's placeholder in ``--help``."""
-        base: Converter = getattr(self.convert, "__wrapped__", self.convert)
-        placeholders: dict[Converter, str] = {duration: "DURATION", whole: "N", name_list: "NAMES"}
-        return placeholders.get(base, "TEXT")
-
-    @property
-    def range(self) -> str | None:
-        """The documented range of a duration (pgfence.bounds), if it has one."""
-        return bounds.describe(self.name) if self.name in bounds.RANGES else None
-
-
-_META = "pgfence.setting"
-
-
-def setting(default: Any, convert: Converter, help: str, *, doc: str | None = None, shown: str | None = None,
-            commands: tuple[str, ...] = WORKER_COMMANDS, hidden: bool = False, option: str | None = None) -> Any:
-    """Declare a :class:`Settings` field: its default and how it is read.
-
-    The return value is a dataclass field; the field's name completes the
-    declaration (see :data:`DECLARATIONS`).
-    """
-    meta = {"convert": convert, "help": help, "doc": doc or help, "shown": shown, "commands": commands,
-            "hidden": hidden, "option": option}
-    return field(default=default, metadata={_META: meta})
-
-
-def _shown(convert: Converter, default: Any) -> str:
-    """The default as the help and the README write it."""
-    if default is None:
-        return "none"
-    if isinstance(default, bool):
-        return "true" if default else "false"
-    if isinstance(default, tuple):
-        return ",".join(default) or "none"
-    if isinstance(default, float) and convert in (duration, optional_duration):
-        return bounds.human(default)
-    return str(default)
-
 
 
 #: Defaults of the vacuum settings: measured in bench/vacuum_steady.py (see
@@ -519,15 +316,8 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
-def _declare(f: dataclasses.Field[Any]) -> Declaration:
-    meta = f.metadata[_META]
-    return Declaration(name=f.name, convert=meta["convert"], default=f.default, help=meta["help"],
-                       doc=meta["doc"], shown=meta["shown"] or _shown(meta["convert"], f.default),
-                       commands=meta["commands"], hidden=meta["hidden"], option=meta["option"])
-
-
 #: Every setting, in declaration order, by name.
-DECLARATIONS: dict[str, Declaration] = {f.name: _declare(f) for f in dataclasses.fields(Settings)}
+DECLARATIONS: dict[str, Declaration] = {f.name: declare(f) for f in dataclasses.fields(Settings)}
 
 
 def for_command(command: str) -> list[Declaration]:

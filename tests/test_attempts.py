@@ -14,7 +14,7 @@ import psycopg
 from metricstools import holder_pid
 from pgtools import scalar, wait_for
 from pgfence import Job, enqueue, handler
-from pgfence.cli import admin
+from pgfence.admin import commands as admin
 from pgfence.worker import retention
 
 

@@ -427,11 +427,12 @@ def test_work_command_applies_the_settings_precedence(dsn, conn, tmp_path):
 
 @pytest.mark.parametrize("command", ["work", "run"])
 def test_pooling_switches_reach_the_settings(command):
-    from pgfence.cli.main import _command_settings, build_parser
+    from pgfence.cli.common import command_settings
+    from pgfence.cli.main import build_parser
 
-    plain = _command_settings(build_parser().parse_args([command]))
+    plain = command_settings(build_parser().parse_args([command]))
     assert (plain.listen, plain.prepare) == (True, True)
-    pooled = _command_settings(build_parser().parse_args([command, "--no-listen", "--no-prepare"]))
+    pooled = command_settings(build_parser().parse_args([command, "--no-listen", "--no-prepare"]))
     assert (pooled.listen, pooled.prepare) == (False, False)
     assert settings_mod.load({}, env={"PGFENCE_PREPARE": "off"}).prepare is False
     with pytest.raises(ConfigError, match="invalid prepare: expected true or false"):

@@ -10,7 +10,7 @@ import pytest
 from pgtools import pgfence, scalar, wait_for
 from pgfence import enqueue
 from pgfence.backoff import Backoff
-from pgfence.cli import admin
+from pgfence.admin import commands as admin
 from pgfence.store import jobs as store
 
 

@@ -80,7 +80,10 @@ def test_wheel_holds_the_sql_licence_and_entry_point(wheel):
     assert migrations and migrations <= names, migrations - names
     assert queries and queries <= names, queries - names
     # The example handlers' tables are theirs, next to them, not pgfence's.
-    assert {n for n in names if n.endswith(".sql")} == migrations | queries | {"pgfence/handlers/tables.sql"}
+    # The tools' statements, beside their code in pgfence.tools.
+    tools = {"pgfence/tools/demo/demo.sql", "pgfence/tools/loadtest/loadtest.sql"}
+    assert tools <= names, tools - names
+    assert {n for n in names if n.endswith(".sql")} == migrations | queries | tools | {"pgfence/handlers/tables.sql"}
     # Nothing of the checkout's layout: no top-level sql/, no tests.
     assert not [n for n in names if n.startswith(("sql/", "tests/"))]
     # One import name: nothing at the top level but pgfence and its metadata

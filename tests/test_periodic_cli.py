@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 import psycopg
 
 from pgtools import env_for, finish, pgfence, scalar
-from pgfence.cli import periodic
+from pgfence.admin import periodic
 from pgfence.store.periodic import ScheduleListing
 
 UTC = dt.UTC

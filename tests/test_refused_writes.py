@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from pgfence import AsyncJob, Job, enqueue, handler, registry
-from pgfence.cli import admin
+from pgfence.admin import commands as admin
 from pgfence.settings import Settings
 from pgfence.worker.engine import make_worker
 from pgfence.worker.outcomes import LOST

@@ -1,6 +1,7 @@
-"""The store layer is the one seam for SQL: only ``supervisor/store/`` reads
-query results by position, every named query has a store function, and
-the owner writes follow one policy whoever issues them.
+"""The store layer is the one seam for SQL: only ``supervisor/store/`` (and,
+for the tools' own statements, the tools' statement modules beside their
+``.sql`` files) reads query results by position, every named query has a
+store function, and the owner writes follow one policy whoever issues them.
 
 The first two tests read source code, without a database; the last ones run
 against the test's database."""
@@ -21,6 +22,10 @@ from pgfence.store.queries import all_queries
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "supervisor"
 STORE = PACKAGE / "store"
+#: The tools' own statements: each loads the ``.sql`` file beside it
+#: through ``queries_in``, the store's loader.
+TOOL_STATEMENTS = {PACKAGE / "tools" / "demo" / "store.py": PACKAGE / "tools" / "demo" / "demo.sql",
+                   PACKAGE / "tools" / "loadtest" / "statements.py": PACKAGE / "tools" / "loadtest" / "loadtest.sql"}
 
 #: Cursor methods that return one row, and those whose result is rows.
 ONE_ROW = {"fetchone"}
@@ -168,7 +173,7 @@ def positional_reads(source: str, filename: str = "<planted>") -> list[str]:
 
 
 def package_modules_outside_the_store() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if STORE not in p.parents)
+    return sorted(p for p in PACKAGE.rglob("*.py") if STORE not in p.parents and p not in TOOL_STATEMENTS)
 
 
 def test_no_module_outside_the_store_reads_a_row_by_position() -> None:
@@ -257,6 +262,18 @@ def test_every_named_query_is_issued_by_the_store_layer() -> None:
              for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "q"]
     assert loads == []
+
+
+def test_every_named_query_of_the_tools_is_issued_beside_it() -> None:
+    from pgfence.store.queries import parse
+
+    for module, sql in TOOL_STATEMENTS.items():
+        names = set(parse(sql.read_text(encoding="utf-8")))
+        used = {node.value for node in ast.walk(ast.parse(module.read_text(encoding="utf-8")))
+                if isinstance(node, ast.Constant) and node.value in names}
+        assert names and names - used == set(), module
+        # None of them is a product query, nor shadows one.
+        assert names.isdisjoint(all_queries()), module
 
 
 # -- one policy for every owner write ------------------------------------------------

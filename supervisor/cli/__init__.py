@@ -1,2 +1,1 @@
-"""The `pgfence` command line: argument parsing, sub-commands and the
-admin commands."""
+"""The `pgfence` command line: argument parsing and sub-commands."""

@@ -25,8 +25,11 @@ import errno
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
+
+from pgfence.prefork.slots import SlotTable
 
 log = logging.getLogger("pgfence.arbiter")
 
@@ -141,6 +144,73 @@ class HelperProcess:
         self.respawn_at = now + delay
         log.warning("%s %s before it was up; restarting it in %.1fs", self.name, how, delay)
         return None
+
+
+class Helpers:
+    """The arbiter's helper processes: the renewal process (the heartbeat
+    manager) and, when a socket was bound for it, the metrics server."""
+
+    def __init__(self, renewal: HelperProcess, metrics: HelperProcess | None) -> None:
+        self.renewal = renewal
+        self.metrics = metrics
+
+    def all(self) -> list[HelperProcess]:
+        return [self.renewal] + ([self.metrics] if self.metrics is not None else [])
+
+    def find(self, pid: int) -> HelperProcess | None:
+        return next((h for h in self.all() if h.pid == pid), None)
+
+    def spawn_due(self) -> None:
+        """Start each helper process that is due: not running, past its
+        backoff, not given up on."""
+        now = time.monotonic()
+        for helper in self.all():
+            if helper.due(now):
+                helper.spawn()
+
+    def next_start(self) -> float:
+        """When the next helper process is due to start (monotonic; ``inf``
+        if none waits), so the loop wakes for it rather than a turn later."""
+        waiting = [h.respawn_at for h in self.all() if h.pid is None and not h.retired and not h.gave_up]
+        return min(waiting, default=float("inf"))
+
+    def renewal_silence(self, table: SlotTable, now: float) -> float:
+        """Seconds since the running renewal process last went round its
+        loop (since its start, before its first round)."""
+        stats = table.renewal_stats()
+        last = stats.alive_at if stats.pid == self.renewal.pid else self.renewal.started
+        return now - max(last, self.renewal.started)
+
+    def retire_all(self, sleep: Callable[[float], None], reap: Callable[[], None]) -> None:
+        """At the shutdown: stop every helper, reaping (``reap``) for up to
+        five seconds, then kill what is left."""
+        helpers = self.all()
+        for helper in helpers:
+            helper.retire()
+        end = time.monotonic() + 5
+        while any(h.pid is not None for h in helpers) and time.monotonic() < end:
+            sleep(0.05)
+            reap()
+        for helper in helpers:
+            helper.kill(signal.SIGKILL)
+
+    def check_renewal(self, table: SlotTable, stall: float) -> None:
+        """Kill a renewal process that stopped going round its loop for
+        longer than ``stall`` seconds (a renewal stuck on a network that
+        drops packets); the loop starts a new one.  Children stay safe
+        meanwhile: each gives up its leases at their own deadline."""
+        if self.renewal.pid is None or self.renewal.signalled:
+            return
+        silence = self.renewal_silence(table, time.monotonic())
+        if silence > stall:
+            log.warning("heartbeat manager (pid %d) stalled for %.0fs: killing it", self.renewal.pid, silence)
+            self.renewal.kill(signal.SIGKILL)
+
+
+def metrics_url(sock: socket.socket) -> str:
+    """Where the metrics server listens on ``sock``, as its start line says it."""
+    host, port = sock.getsockname()[:2]
+    return f" on http://{host}:{port}/metrics"
 
 
 def kill(pid: int, sig: int) -> None:

@@ -173,6 +173,11 @@ class SlotTable:
                 return slot
         return None
 
+    def orphans_left(self) -> bool:
+        """Whether a slot is still orphaned: a dead child's jobs not yet
+        released by the renewal process."""
+        return any(self.slot(s).state in (ORPHANED_CRASH, ORPHANED_STOP) for s in range(self.nslots))
+
     # -- jobs (child writes) -------------------------------------------------------
 
     def publish(self, slot: int, entry: int, job_id: int, attempt: int, lease: float,

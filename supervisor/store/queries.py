@@ -3,6 +3,11 @@
 A block starts with ``-- name: NAME``, followed by comment lines that
 describe it, then the statement with ``%(param)s`` placeholders.  Keeping the
 SQL in files lets every query be read, reviewed and EXPLAINed as SQL.
+
+The product's statements are :func:`q`'s.  A part of the package that is not
+the product (the demo and the load test, in ``pgfence.tools``) keeps its
+``.sql`` file beside its code and reads it through :func:`queries_in`, the
+same loader and the same typed seam.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import re
+from collections.abc import Callable, Iterable
 from importlib.resources.abc import Traversable
 from typing import LiteralString, cast
 
@@ -58,10 +64,11 @@ def parse(text: str) -> dict[str, str]:
     return out
 
 
-@functools.cache
-def all_queries() -> dict[str, str]:
+def parse_files(files: Iterable[Traversable]) -> dict[str, str]:
+    """The named blocks of every file of ``files``; a name defined twice,
+    in one file or in two, is refused."""
     queries: dict[str, str] = {}
-    for file in sql_files("queries"):
+    for file in files:
         for name, sql in parse(file.read_text(encoding="utf-8")).items():
             if name in queries:
                 raise ValueError(f"query {name!r} defined twice")
@@ -69,14 +76,36 @@ def all_queries() -> dict[str, str]:
     return queries
 
 
-def q(name: str) -> LiteralString:
-    """The SQL text of the named query.
+@functools.cache
+def all_queries() -> dict[str, str]:
+    return parse_files(sql_files("queries"))
 
-    Typed ``LiteralString``: the text comes from the package's own ``.sql``
+
+def _literal(sql: str) -> LiteralString:
+    """Typed ``LiteralString``: the text comes from the package's own ``.sql``
     files, never from input, so a type checker that implements PEP 675 lets
     it through to psycopg while it still rejects SQL built with an f-string
-    at a call site.
-    """
+    at a call site."""
     # mypy does not implement PEP 675 (to it LiteralString is str), so it
     # calls this cast redundant; checkers that do implement it need it.
-    return cast(LiteralString, all_queries()[name])  # type: ignore[redundant-cast]
+    return cast(LiteralString, sql)  # type: ignore[redundant-cast]
+
+
+def q(name: str) -> LiteralString:
+    """The SQL text of the named query of ``sql/queries``."""
+    return _literal(all_queries()[name])
+
+
+def queries_in(package: str, filename: str) -> Callable[[str], LiteralString]:
+    """A :func:`q` for the named blocks of one ``.sql`` file shipped as a
+    resource of ``package`` (``queries_in(__package__, "demo.sql")``),
+    read on first use."""
+
+    @functools.cache
+    def blocks() -> dict[str, str]:
+        return parse_files([importlib.resources.files(package).joinpath(filename)])
+
+    def named(name: str) -> LiteralString:
+        return _literal(blocks()[name])
+
+    return named

@@ -10,16 +10,10 @@ own) and closed by :meth:`Dashboard.close`.
 
 from __future__ import annotations
 
-import json
-import threading
 from urllib.parse import urlencode
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
-import jinja2
-import psycopg
-from psycopg_pool import ConnectionPool
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
@@ -27,14 +21,10 @@ from starlette.requests import cookie_parser
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pgfence.store import db
-from pgfence.store import web as store
 from pgfence.web import auth
+from pgfence.web.dashboard import Dashboard
+from pgfence.web.views import Views
 
-#: Connections of one dashboard: a page reads on one at a time.
-POOL_SIZE = 4
-#: The longest statement the dashboard runs (a count over a large history).
-STATEMENT_MS = 60_000
 
 #: Sent with every response: no script, style, frame or form target but the
 #: dashboard's own; no inline script (the templates have none).
@@ -59,53 +49,6 @@ def route_path(scope: Scope) -> str:
     if root and path.startswith(root):
         path = path[len(root):]
     return path or "/"
-
-
-class Dashboard:
-    """One dashboard: its options, its signer, its pool and its templates."""
-
-    def __init__(self, dsn: str, *, read_only: bool, redact_payloads: bool, password: str | None,
-                 secret: bytes | None) -> None:
-        self.dsn = dsn
-        self.read_only = read_only
-        self.redact_payloads = redact_payloads
-        self.password = password or None
-        self.signer = auth.Signer(secret)
-        self._pool: ConnectionPool | None = None
-        self._lock = threading.Lock()
-        self.templates = jinja2.Environment(
-            loader=jinja2.PackageLoader("pgfence.web", "templates"),
-            autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-
-    @property
-    def pool(self) -> ConnectionPool:
-        with self._lock:
-            if self._pool is None:
-                def configure(conn: psycopg.Connection[Any]) -> None:
-                    store.session(conn, STATEMENT_MS)
-
-                pool: ConnectionPool = ConnectionPool(
-                    db.conninfo(self.dsn, application_name="pgfence-web"), min_size=0, max_size=POOL_SIZE,
-                    open=False, timeout=10.0, configure=configure, name="pgfence-web",
-                    # Autocommit: each read is its own snapshot, each action
-                    # its own transaction.  Not prepared: the job list's
-                    # filters fold away only in a plan made for the values.
-                    kwargs={"autocommit": True, "prepare_threshold": None})
-                pool.open(wait=False)
-                self._pool = pool
-            return self._pool
-
-    @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """A connection of the pool, driver errors translated."""
-        with db.translated(self.dsn), self.pool.connection() as conn:
-            yield conn
-
-    def close(self) -> None:
-        with self._lock:
-            if self._pool is not None:
-                self._pool.close()
-                self._pool = None
 
 
 class Guard:
@@ -173,8 +116,6 @@ def create_app(dsn: str, *, read_only: bool = False, redact_payloads: bool = Fal
     process if None); give the same bytes to every process that serves the
     dashboard behind one address.
     """
-    from pgfence.web.views import Views
-
     dashboard = Dashboard(dsn, read_only=read_only, redact_payloads=redact_payloads, password=password,
                           secret=secret)
     views = Views(dashboard)
@@ -190,8 +131,3 @@ def create_app(dsn: str, *, read_only: bool = False, redact_payloads: bool = Fal
                     exception_handlers=views.exception_handlers(), lifespan=lifespan)
     app.state.dashboard = dashboard
     return app
-
-
-def pretty_json(value: Any) -> str:
-    """A payload as indented JSON text (escaped later, by the template)."""
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)

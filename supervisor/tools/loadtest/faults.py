@@ -46,7 +46,7 @@ from typing import Any
 import psycopg
 
 from pgfence.errors import PgfenceError
-from pgfence.store import loadtest
+from pgfence.tools.loadtest import statements as loadtest
 from pgfence.tools.loadtest.fleet import Fleet
 from pgfence.tools.loadtest.proxy import Proxy
 from pgfence.tools.loadtest.server import Server

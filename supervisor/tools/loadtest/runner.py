@@ -32,7 +32,7 @@ from pgfence.tools.loadtest import audit
 from pgfence.tools.loadtest import mix
 from pgfence.tools.loadtest import options
 from pgfence.tools.loadtest import report
-from pgfence.store import loadtest as loadtest_store
+from pgfence.tools.loadtest import statements as loadtest_store
 from pgfence.store.pools import ASYNC_MAX as ASYNC_POOL_MAX
 from pgfence.tools.loadtest import store
 from pgfence.tools.loadtest.faults import Faults

@@ -21,7 +21,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgfence.store import db
 from pgfence.store import embedded
-from pgfence.store import loadtest, migrate
+from pgfence.store import migrate
+from pgfence.tools.loadtest import statements as loadtest
 from pgfence.handlers.tables import create_tables
 from pgfence.errors import ConfigError, DatabaseUnavailable, SchemaMissing
 

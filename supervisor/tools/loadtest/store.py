@@ -1,4 +1,4 @@
-"""What the load test adds to its statements in ``pgfence.store.loadtest``:
+"""What the load test adds to its statements in :mod:`.statements`:
 the jobs enqueued in chunks from the mix, and rows shaped as the audit reads
 them (by column name).  The runner calls the store directly for the rest.
 Everything is filtered by the run's queue, so other jobs in the same
@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from pgfence.store import loadtest
+from pgfence.tools.loadtest import statements as loadtest
 from pgfence.tools.loadtest.mix import JobSpec
 
 ENQUEUE_CHUNK = 5000

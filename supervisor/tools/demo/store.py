@@ -1,4 +1,4 @@
-"""The demo's statements (``sql/queries/demo.sql``)."""
+"""The demo's statements (``demo.sql`` beside this module)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from typing import NamedTuple
 
 import psycopg
 
-from pgfence.store.queries import q
+from pgfence.store.queries import queries_in
+
+q = queries_in("pgfence.tools.demo", "demo.sql")
 
 
 class DemoJob(NamedTuple):

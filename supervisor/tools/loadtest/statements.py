@@ -1,5 +1,5 @@
-"""The load test's statements (``sql/queries/loadtest.sql``): one function per
-named query, typed rows.  Each is filtered by the run's queue, so other jobs
+"""The load test's statements (``loadtest.sql`` beside this module): one
+function per named query, typed rows.  Each is filtered by the run's queue, so other jobs
 in the same database are never counted."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from typing import NamedTuple
 import psycopg
 from psycopg.types.json import Jsonb
 
-from pgfence.store.queries import q
+from pgfence.store.queries import queries_in
+
+q = queries_in("pgfence.tools.loadtest", "loadtest.sql")
 
 
 class Enqueued(NamedTuple):

@@ -25,17 +25,13 @@ so it is safe on a database that holds other jobs.  It never prints the DSN
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -43,9 +39,10 @@ from pgfence.store import db
 from pgfence.store import migrate
 from pgfence.handlers.tables import create_tables
 from pgfence.errors import ConfigError, SchemaMissing
-from pgfence.tools.mailsink import MailSink
 from pgfence.producer import enqueue
-from pgfence.store import demo as demo_store
+from pgfence.tools.demo import store as demo_store
+from pgfence.tools.demo.acts import Act, table
+from pgfence.tools.demo.cast import Sink, Worker, worker_env
 
 TERMINAL = ("done", "failed", "cancelled")
 #: Seconds between two looks at the database while waiting.
@@ -58,134 +55,6 @@ SLACK = 20.0
 STOP_GRACE = 5.0
 
 _LOST = re.compile(r"job (\d+) attempt (\d+) lost its lease \((\w+)\)")
-
-
-@dataclass
-class Act:
-    number: int
-    label: str
-    #: What the story says the act ends with.
-    expected: dict[str, Any]
-    job_id: int | None = None
-    receipt_attempts: list[int] = field(default_factory=list)
-    requests: int = 0
-    sent: int = 0
-    status: str = "-"
-    attempt: int = 0
-    #: (attempt, reason) of every "lost its lease" warning the workers logged for the job.
-    lost: list[tuple[int, str]] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    logs: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def rejections(self) -> list[int]:
-        """The attempts whose completion the fence rejected."""
-        return [attempt for attempt, reason in self.lost if reason == "fence_rejected"]
-
-    def outcome(self) -> dict[str, Any]:
-        return {"receipts": sorted(self.receipt_attempts), "requests": self.requests, "sent": self.sent,
-                "status": self.status, "attempt": self.attempt, "lost": sorted(self.lost)}
-
-    def mismatches(self) -> list[str]:
-        got = self.outcome()
-        out = [f"{key} {got[key]!r}, expected {want!r}" for key, want in self.expected.items() if got[key] != want]
-        return self.problems + out
-
-    def cells(self) -> list[str]:
-        attempts = ",".join(map(str, self.receipt_attempts))
-        word = "attempt" if len(self.receipt_attempts) == 1 else "attempts"
-        receipts = f"{len(self.receipt_attempts)}" + (f" ({word} {attempts})" if attempts else "")
-        rejected = ",".join(map(str, self.rejections))
-        rejections = f"{len(self.rejections)}" + (f" (attempt {rejected})" if rejected else "")
-        return [self.label, str(self.job_id if self.job_id is not None else "-"), receipts,
-                str(self.requests), str(self.sent), f"{self.status}/{self.attempt}", rejections]
-
-
-HEADERS = ["act", "job", "receipts rows", "email requests", "emails sent", "job status/attempt",
-           "fence rejections"]
-
-
-def table(acts: list[Act]) -> str:
-    """The acts as columns separated by at least two spaces."""
-    rows = [HEADERS] + [act.cells() for act in acts]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADERS))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
-
-
-class _Sink(MailSink):
-    """The email API, with a hook called on each POST before it is answered
-    (act 3 freezes the sender there, between its send and its commit)."""
-
-    def __init__(self) -> None:
-        super().__init__("127.0.0.1", 0)
-        self.on_post: Callable[[int | None], None] | None = None
-        sink = self
-        base = self.server.RequestHandlerClass
-
-        class Hooked(base):  # type: ignore[misc, valid-type]
-            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-                hook = sink.on_post
-                if hook is not None:
-                    try:
-                        attempt = int(self.headers.get("X-Pgfence-Attempt") or "")
-                    except ValueError:
-                        attempt = None
-                    hook(attempt)
-                super().do_POST()
-
-        self.server.RequestHandlerClass = Hooked
-
-
-class _Worker:
-    """One ``pgfence work`` subprocess; its log goes to a file."""
-
-    def __init__(self, name: str, *, protected: bool, lease: float, queue: str,
-                 env: dict[str, str], log_path: Path):
-        self.name = name
-        self.log_path = log_path
-        args = [sys.executable, "-m", "pgfence", "work", "--name", name, "--queues", queue,
-                "--lease", repr(float(lease)), "--poll-interval", "0.2",
-                "--handlers", "pgfence.handlers.receipts", "--retention", "none", "--log-level", "INFO"]
-        if not protected:
-            args.append("--unprotected")
-        with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen(args, cwd=log_path.parent, env=env, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=log)
-
-    def pause(self) -> None:
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        if self.proc.returncode is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-
-    def terminate(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.send_signal(signal.SIGTERM)
-
-    def wait(self, deadline: float) -> None:
-        try:
-            self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-
-def _worker_env(dsn: str, api_url: str) -> dict[str, str]:
-    """The caller's environment without pgfence settings (the demo sets its own)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGFENCE_") and k != "DATABASE_URL"}
-    env["PGFENCE_DSN"] = dsn
-    env["PGFENCE_EMAIL_API_URL"] = api_url
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 class _Demo:
@@ -236,16 +105,16 @@ class _Demo:
     # -- one act ------------------------------------------------------------------
 
     def act(self, act: Act, *, protected: bool, render: float,
-            script: Callable[[Act, _Sink, dict[str, _Worker], float], None],
-            on_sink: Callable[[_Sink, dict[str, _Worker]], None] | None = None) -> Act:
+            script: Callable[[Act, Sink, dict[str, Worker], float], None],
+            on_sink: Callable[[Sink, dict[str, Worker]], None] | None = None) -> Act:
         started = time.monotonic()
-        sink = _Sink().start()
-        workers: dict[str, _Worker] = {}
+        sink = Sink().start()
+        workers: dict[str, Worker] = {}
         queue = f"pgfence-demo-{self.tag}-{act.number}"
-        env = _worker_env(self.dsn, sink.url)
+        env = worker_env(self.dsn, sink.url)
 
-        def start(name: str) -> _Worker:
-            workers[name] = _Worker(name, protected=protected, lease=self.lease, queue=queue, env=env,
+        def start(name: str) -> Worker:
+            workers[name] = Worker(name, protected=protected, lease=self.lease, queue=queue, env=env,
                                     log_path=self.workdir / f"act{act.number}-{name}.log")
             return workers[name]
 
@@ -289,7 +158,7 @@ class _Demo:
         self.say(f"act 1: protections off: no lease renewal, completion by job id alone "
                  f"({self.lease:g}s lease, {self.render:g}s render)")
 
-        def script(act: Act, sink: _Sink, workers: dict[str, _Worker], claimed_at: float) -> None:
+        def script(act: Act, sink: Sink, workers: dict[str, Worker], claimed_at: float) -> None:
             job_id = act.job_id
             assert job_id is not None   # enqueued before the script runs
             if self.wait(act, "demo-B to reclaim the job", lambda: self.job(job_id)[1] >= 2,
@@ -309,7 +178,7 @@ class _Demo:
         self.say(f"act 2: protections on: lease renewed every {self.lease / 3:.2g}s, "
                  f"completion fenced by (job id, attempt)")
 
-        def script(act: Act, sink: _Sink, workers: dict[str, _Worker], claimed_at: float) -> None:
+        def script(act: Act, sink: Sink, workers: dict[str, Worker], claimed_at: float) -> None:
             job_id = act.job_id
             assert job_id is not None   # enqueued before the script runs
             if self.wait(act, "the job to finish", lambda: self.settled(job_id),
@@ -330,7 +199,7 @@ class _Demo:
                  f"the email, before committing")
         paused = threading.Event()
 
-        def on_sink(sink: _Sink, workers: dict[str, _Worker]) -> None:
+        def on_sink(sink: Sink, workers: dict[str, Worker]) -> None:
             def freeze_sender(attempt: int | None) -> None:
                 # Runs in the email API before it answers attempt 1: demo-A has
                 # passed its last check() and waits for the response.
@@ -339,7 +208,7 @@ class _Demo:
                     paused.set()
             sink.on_post = freeze_sender
 
-        def script(act: Act, sink: _Sink, workers: dict[str, _Worker], claimed_at: float) -> None:
+        def script(act: Act, sink: Sink, workers: dict[str, Worker], claimed_at: float) -> None:
             job_id = act.job_id
             assert job_id is not None   # enqueued before the script runs
             worker_a = workers["demo-A"]

@@ -1,4 +1,4 @@
--- The load test's own statements (supervisor/loadtest/store.py).  Each is
+-- The load test's own statements (statements.py beside this file).  Each is
 -- filtered by the run's queue, so other jobs in the same database are never
 -- counted.
 

@@ -1,0 +1,82 @@
+"""The commands that read: ``pgfence status``, ``failed`` and ``periodic``
+(tables for a terminal, or JSON), and ``dsn``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from pgfence import errortext
+from pgfence.admin import commands as admin
+from pgfence.admin import periodic
+from pgfence.cli.common import connect, find_dsn
+from pgfence.errors import ConfigError
+from pgfence.store import db
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    _dsn_value, conn = connect(args)
+    with conn:
+        data = admin.status(conn)
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    states = ["queued", "running", "done", "failed", "cancelled"]
+    print(f"{'queue':<16}" + "".join(f"{s:>11}" for s in states))
+    for queue, counts in sorted(data["queues"].items()):
+        print(f"{queue:<16}" + "".join(f"{counts.get(s, 0):>11}" for s in states))
+    if data["estimated"]:
+        print("(done, failed and cancelled estimated from a sample of a large history)")
+    if data["running"]:
+        print()
+        print(f"{'running id':>10}  {'queue':<12} {'kind':<16} {'attempt':>7}  {'lease left':>10}  owner")
+        for r in data["running"]:
+            print(f"{r['id']:>10}  {r['queue']:<12} {r['kind']:<16} {r['attempt']:>7}  "
+                  f"{r['lease_left']:>9.1f}s  {r['locked_by']}")
+    return 0
+
+
+def cmd_failed(args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise ConfigError(f"invalid --limit: must be at least 1, got {args.limit}")
+    _dsn_value, conn = connect(args)
+    with conn:
+        jobs = admin.failed(conn, limit=args.limit, queue=args.queue, kind=args.kind)
+    if args.json:
+        # json.dumps escapes every control character: safe as it is.
+        print(json.dumps(jobs, indent=2, sort_keys=True))
+        return 0
+    if not jobs:
+        print("no failed jobs")
+        return 0
+    # Errors, kinds and queues come from handlers and producers: every one
+    # is printed escaped, so no control character reaches the terminal.
+    print(f"{'id':>10}  {'failed at':<19}  {'queue':<12} {'kind':<16} {'attempts':>8}  error")
+    for job in jobs:
+        when = (job["finished_at"] or "")[:19].replace("T", " ")
+        spent = f"{job['attempts_spent']}/{job['max_attempts']}"
+        print(f"{job['id']:>10}  {when:<19}  {errortext.one_line(job['queue']):<12} "
+              f"{errortext.one_line(job['kind']):<16} {spent:>8}  {errortext.one_line(job['last_error'] or '')}")
+        if args.traceback and job["traceback"]:
+            for line in errortext.printable(job["traceback"]).split("\n"):
+                print(f"{'':>12}{line}")
+    return 0
+
+
+def cmd_periodic(args: argparse.Namespace) -> int:
+    _dsn_value, conn = connect(args)
+    with conn:
+        data = periodic.listing(conn)
+    if args.json:
+        # json.dumps escapes every control character: safe as it is.
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    for line in periodic.table(data):
+        print(line)
+    return 0
+
+
+def cmd_dsn(args: argparse.Namespace) -> int:
+    dsn, _ = find_dsn(args)
+    print(db.redact(dsn))
+    return 0
