@@ -85,3 +85,29 @@ def test_a_put_back_refused_by_the_fence_is_recorded(conn, dsn, make_worker):
         (1, "cancelled", "w-putback", "cancelled by an operator while running"),
         (1, "fence_rejected", "w-putback", "put-back refused by the fence: the job was cancelled meanwhile")]
     assert prevented("nobody-knows-this-kind") - before == 1
+
+
+
+def test_a_refusal_an_outage_kept_unrecorded_is_recorded_once_the_database_answers(conn, dsn, make_worker):
+    """The fence refused a completion, and the database went out of reach
+    before the refusal's row was written: the worker keeps it, writes it at
+    its next turn once the database answers, and never twice."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(dsn)
+    worker = make_worker("w-outage")
+    job_id = enqueue(conn, "nobody-knows-this-kind")
+    [job] = worker.claim()
+    assert admin.cancel(conn, [job_id]) == [job_id]
+    # The database out of reach: the worker's connection gone, and nothing
+    # listening where it would connect again.
+    worker._drop_connection()
+    worker.dsn = make_conninfo("", **{**params, "host": "127.0.0.1", "port": "1", "connect_timeout": "2"})
+    worker.note_rejected([job])
+    assert attempts(conn, job_id) == [(1, "cancelled", "w-outage", "cancelled by an operator while running")]
+    worker.dsn = dsn
+    worker.record_unrecorded()
+    worker.record_unrecorded()
+    assert attempts(conn, job_id) == [
+        (1, "cancelled", "w-outage", "cancelled by an operator while running"),
+        (1, "fence_rejected", "w-outage", "completion refused by the fence: the job was cancelled meanwhile")]
