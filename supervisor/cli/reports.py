@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
 
 from pgfence import errortext
 from pgfence.admin import commands as admin
@@ -14,12 +18,22 @@ from pgfence.errors import ConfigError
 from pgfence.store import db
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def _report(args: argparse.Namespace, read: Callable[[psycopg.Connection], Any]) -> Any:
+    """What ``read`` returns on the command's connection; with --json,
+    printed as JSON (json.dumps escapes every control character: safe as it
+    is) and None returned."""
     _dsn_value, conn = connect(args)
     with conn:
-        data = admin.status(conn)
+        data = read(conn)
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
+        return None
+    return data
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    data = _report(args, admin.status)
+    if data is None:
         return 0
     states = ["queued", "running", "done", "failed", "cancelled"]
     print(f"{'queue':<16}" + "".join(f"{s:>11}" for s in states))
@@ -39,12 +53,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_failed(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise ConfigError(f"invalid --limit: must be at least 1, got {args.limit}")
-    _dsn_value, conn = connect(args)
-    with conn:
-        jobs = admin.failed(conn, limit=args.limit, queue=args.queue, kind=args.kind)
-    if args.json:
-        # json.dumps escapes every control character: safe as it is.
-        print(json.dumps(jobs, indent=2, sort_keys=True))
+    jobs = _report(args, lambda conn: admin.failed(conn, limit=args.limit, queue=args.queue, kind=args.kind))
+    if jobs is None:
         return 0
     if not jobs:
         print("no failed jobs")
@@ -64,12 +74,8 @@ def cmd_failed(args: argparse.Namespace) -> int:
 
 
 def cmd_periodic(args: argparse.Namespace) -> int:
-    _dsn_value, conn = connect(args)
-    with conn:
-        data = periodic.listing(conn)
-    if args.json:
-        # json.dumps escapes every control character: safe as it is.
-        print(json.dumps(data, indent=2, sort_keys=True))
+    data = _report(args, periodic.listing)
+    if data is None:
         return 0
     for line in periodic.table(data):
         print(line)
