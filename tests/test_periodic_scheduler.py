@@ -272,7 +272,7 @@ def test_last_run_failed_follows_the_last_run_that_ended(conn, schedulers):
         return scalar(conn, "SELECT last_job_id FROM pgfence.schedules WHERE name = 'lr'")
 
     def refreshed() -> float:
-        scheduler._refresh_last_runs(scheduler._connection())
+        scheduler._refresh_last_runs(scheduler.connection())
         return gauge._value.get()
 
     first = next_job(None)

@@ -17,11 +17,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import socket
-import threading
-from typing import Any
 
-import psycopg
-
+from pgfence.background import Service
 from pgfence.prefork.slots import ACTIVE, SlotTable
 from pgfence.store import db, operations
 
@@ -41,30 +38,25 @@ def pgfence_version() -> str:
         return "unknown"
 
 
-class Presence:
+class Presence(Service[int]):
     """Keeps this supervisor's row of pgfence.supervisors: :meth:`run_once`
     writes it once, :meth:`start` every ``interval`` from a thread, and
     :meth:`stop` ends the thread and deletes the row."""
 
+    thread_name = "pgfence-presence"
+    application_name = "pgfence presence"
+    failure = "supervisors registry not refreshed"
+
     def __init__(self, dsn: str, table: SlotTable, *, instance: str, arbiter_pid: int,
                  started_at: dt.datetime, interval: float = INTERVAL) -> None:
-        self.dsn = dsn
+        super().__init__(dsn, interval=interval, log=log)
         self.table = table
         self.instance = instance
         self.arbiter_pid = arbiter_pid
         self.started_at = started_at
-        self.interval = interval
         self.host = socket.gethostname()
         self.version = pgfence_version()
         self.beats = 0
-        self._conn: psycopg.Connection[Any] | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = db.connect(self.dsn, application_name="pgfence presence")
-        return self._conn
 
     def snapshot(self) -> tuple[list[operations.ChildInfo], list[operations.HeldJob]]:
         """The live children (by number) and the jobs each holds, from the
@@ -81,44 +73,29 @@ class Presence:
             held.extend(operations.HeldJob(index, h.job_id, h.attempt) for h in self.table.held(slot))
         return children, held
 
-    def run_once(self) -> None:
-        """Insert or refresh the row."""
+    def run_once(self) -> int:
+        """Insert or refresh the row; the number of live children written."""
         children, held = self.snapshot()
-        conn = self._connection()
+        conn = self.connection()
         with db.translated(self.dsn):
             operations.supervisor_beat(conn, instance=self.instance, host=self.host, pid=self.arbiter_pid,
                                        workers=self.table.arbiter_state().target, version=self.version,
                                        started_at=self.started_at, children=children, held=held)
         self.beats += 1
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.run_once()
-            except Exception as exc:  # noqa: BLE001 - the next beat tries again
-                log.warning("supervisors registry not refreshed: %s", db.first_line(exc))
-                if self._conn is not None:
-                    self._conn.close()
-            self._stop.wait(self.interval)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="pgfence-presence", daemon=True)
-        self._thread.start()
+        return len(children)
 
     def stop(self, *, remove: bool = True) -> None:
         """End the thread; with ``remove``, delete the row (a clean stop)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+        self.halt()
         if remove:
             try:
-                conn = self._connection()
+                conn = self.connection()
                 with db.translated(self.dsn):
                     operations.supervisor_gone(conn, self.instance)
             except Exception as exc:  # noqa: BLE001 - the row then ages out
-                log.warning("supervisors registry row not removed: %s", db.first_line(exc))
-        if self._conn is not None and (self._thread is None or not self._thread.is_alive()):
-            self._conn.close()
+                log.warning("supervisors registry row not removed: %s", db.scrub(db.first_line(exc), self.dsn))
+        if not self.running:
+            self.close()
 
 
 def arbiter_started_at(started: float | None) -> dt.datetime:

@@ -129,15 +129,16 @@ class HeartbeatManager:
         # The statement may not outlive the shortest period of the leases it
         # renews (see run_once): a renewal that is late is worth nothing, and
         # the next round tries again.
-        self._pool = ConnectionPool(
+        # A round starved of a connection makes the pool try again at once
+        # (see pools.Reconnecting): the first round after an outage renews.
+        self._pool = pools.Reconnecting(lambda: ConnectionPool(
             db.conninfo(dsn, application_name=application_name),
             min_size=1, max_size=1, open=False, timeout=max(1.0, self.interval),
             kwargs={"autocommit": True, "prepare_threshold": db.prepare_threshold(prepare)},
             configure=self._configure,
             reconnect_timeout=3600 * 24 * 365,
             name="pgfence-heartbeat",
-        )
-        self._opened = False
+        ))
 
     def _configure(self, conn: psycopg.Connection) -> None:
         """Each new connection of the pool: see session_settings."""
@@ -240,9 +241,11 @@ class HeartbeatManager:
         attempts = [lease.attempt for lease in live]
         seconds = [float(lease.seconds) for lease in live]
         sent_at = self._last_sent = time.monotonic()
+        wait = max(0.1, min(self._pool.pool.timeout, self.window(live)))
 
         def renew() -> tuple[set[tuple[int, int]], dict[int, renewals.Verdict]]:
-            with pools.connection(self._pool) as conn, conn.transaction():
+            # Not waiting for a connection longer than the leases' period either.
+            with self._pool.connection(wait) as conn, conn.transaction():
                 # Settings for this transaction only: a startup option or
                 # a session SET would not survive (or would leak through)
                 # a transaction-pooling PgBouncer.
@@ -257,7 +260,6 @@ class HeartbeatManager:
 
         try:
             with self._expiring(live, result):
-                self._open()
                 # A deadlock or serialization failure rolled the round back:
                 # it runs again at once, not a round later.
                 renewed, verdicts = db.retrying(renew, self.dsn, what="lease renewal")
@@ -299,8 +301,7 @@ class HeartbeatManager:
         retried after the same backoff as a failure the worker reports
         (``self.backoff``).  Returns how many were still owned."""
         done = 0
-        self._open()
-        with pools.connection(self._pool) as conn:
+        with self._pool.connection() as conn:
             for job_id, attempt, reclaim, error in items:
                 outcome: jobs.Reported | jobs.Released | None
                 if error:
@@ -316,8 +317,7 @@ class HeartbeatManager:
 
     def owned(self, owner: str) -> list[tuple[int, int]]:
         """(id, attempt) of the running jobs claimed under ``owner``."""
-        self._open()
-        with pools.connection(self._pool) as conn:
+        with self._pool.connection() as conn:
             return [(job.id, job.attempt) for job in jobs.owned_running(conn, owner)]
 
     @contextlib.contextmanager
@@ -362,9 +362,7 @@ class HeartbeatManager:
     # -- in-process thread ----------------------------------------------------
 
     def _open(self) -> None:
-        if not self._opened:
-            self._pool.open(wait=False)
-            self._opened = True
+        self._pool.open()
 
     def start(self) -> None:
         """Run :meth:`run_once` every interval in a daemon thread."""
@@ -396,6 +394,4 @@ class HeartbeatManager:
         if self._thread is not None:
             self._thread.join(timeout=max(5.0, self.interval * 2))
             self._thread = None
-        if self._opened:
-            self._pool.close(timeout=1.0)
-            self._opened = False
+        self._pool.close(timeout=1.0)

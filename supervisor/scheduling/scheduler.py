@@ -28,13 +28,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
+from pgfence.background import Service
 from pgfence.observe import metrics
 from pgfence.scheduling import plan
 from pgfence.scheduling.schedule import Schedule
@@ -80,21 +80,23 @@ class Round:
     wait: float = MAX_WAIT
 
 
-class Scheduler:
+class Scheduler(Service[Round]):
     """Decides the ticks of ``schedules``: :meth:`run_once` one round,
     :meth:`start` rounds from a thread until :meth:`stop`."""
 
+    thread_name = "pgfence-scheduler"
+    application_name = "pgfence scheduler"
+    failure = "scheduler round failed (nothing enqueued by it; trying again)"
+    join_timeout = 10.0
+
     def __init__(self, dsn: str, schedules: list[Schedule], *, grace: float) -> None:
-        self.dsn = dsn
+        super().__init__(dsn, interval=MAX_WAIT, log=log)
         self.schedules = {s.name: s for s in schedules}
         self.names = sorted(self.schedules)
         self.grace = grace
         self.offset = host_clock_offset()
-        self._conn: psycopg.Connection[Any] | None = None
         self._declared = False
         self._last_runs_at = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.rounds = 0
         metrics.initialise_schedules(self.names)
 
@@ -102,15 +104,12 @@ class Scheduler:
         """The host's clock (seconds since the epoch), as this module reads it."""
         return time.time() + self.offset
 
-    def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = db.connect(self.dsn, application_name="pgfence scheduler")
-            self._declared = False
-        return self._conn
+    def connected(self, conn: psycopg.Connection[Any]) -> None:
+        self._declared = False   # a new session declares the schedules again
 
     def declare(self) -> None:
         """Write this supervisor's schedules (a new one owes no tick before now)."""
-        conn = self._connection()
+        conn = self.connection()
         with db.translated(self.dsn), conn.transaction():
             for name in self.names:
                 ticks.declare(conn, self.schedules[name])
@@ -119,7 +118,7 @@ class Scheduler:
     def run_once(self) -> Round:
         """One round: decide every due tick of the schedules not locked
         elsewhere, in one transaction; return what was committed."""
-        conn = self._connection()
+        conn = self.connection()
         if not self._declared:
             self.declare()
         # The last runs' statuses are read before this round enqueues: read
@@ -209,30 +208,11 @@ class Scheduler:
                 metrics.PERIODIC_LAST_RUN_FAILED.labels(name).set(1 if status == "failed" else 0)
         self._last_runs_at = time.monotonic()
 
-    # -- the thread -----------------------------------------------------------
+    # -- the thread's waits -----------------------------------------------------
 
-    def _loop(self) -> None:
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                wait = self.run_once().wait
-                failures = 0
-            except Exception as exc:  # noqa: BLE001 - the next round tries again; nothing was committed
-                failures += 1
-                log.warning("scheduler round failed (nothing enqueued by it; trying again): %s", db.first_line(exc))
-                if self._conn is not None:
-                    self._conn.close()
-                wait = min(MAX_WAIT, 0.5 * failures)
-            self._stop.wait(wait)
+    def wait_after(self, result: Round) -> float:
+        return result.wait
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="pgfence-scheduler", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop the thread (a round under way ends first) and close the connection."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10.0)
-        if self._conn is not None and (self._thread is None or not self._thread.is_alive()):
-            self._conn.close()
+    def retry_wait(self, failures: int) -> float:
+        """Nothing was committed: half a second more per failure in a row."""
+        return min(MAX_WAIT, 0.5 * failures)

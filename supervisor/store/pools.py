@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import select
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from pgfence.store import db, renewals
 
@@ -155,3 +156,74 @@ def connection(pool: ConnectionPool) -> Iterator[psycopg.Connection[Any]]:
     finally:
         pool.putconn(conn)
 
+
+
+class Reconnecting:
+    """A pool (the heartbeat manager's, of one connection) that a caller
+    starved of a connection makes try again at once.
+
+    psycopg_pool waits 1 s, 2 s, 4 s... between two failed attempts to
+    connect, without a cap: after an outage of a few seconds the pool could
+    still be waiting out its backoff well after the database was back, and a
+    short lease ran out though the database answered.  So a borrow that gets
+    no connection in its time (``PoolTimeout``) replaces the pool by a new
+    one, made by ``make`` and opened at once, whose first attempt starts
+    now; unless the pool failed no attempt since it last handed out a
+    connection (an attempt may be under way, and a slow connect is let
+    finish)."""
+
+    def __init__(self, make: Callable[[], ConnectionPool]) -> None:
+        self._make = make
+        self.pool = make()
+        self.opened = False
+        #: Pools replaced by a new one.
+        self.resets = 0
+        self._errors_seen = 0
+        self._lock = threading.Lock()
+
+    def open(self) -> None:
+        """Open the pool (no connection is waited for)."""
+        with self._lock:
+            if not self.opened:
+                self.pool.open(wait=False)
+                self.opened = True
+
+    @contextlib.contextmanager
+    def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+        """:func:`connection` of the pool, waiting at most ``timeout`` (the
+        pool's) for it."""
+        self.open()
+        pool = self.pool
+        try:
+            conn = getconn(pool, timeout)
+        except PoolTimeout:
+            self._starved(pool)
+            raise
+        self._errors_seen = _errors(pool)
+        try:
+            with conn:
+                yield conn
+        finally:
+            pool.putconn(conn)
+
+    def _starved(self, pool: ConnectionPool) -> None:
+        with self._lock:
+            if pool is not self.pool or not self.opened or _errors(pool) <= self._errors_seen:
+                return
+            self.pool = self._make()
+            self.pool.open(wait=False)
+            self._errors_seen = 0
+            self.resets += 1
+        # An attempt of the old pool still under way ends in its own thread.
+        pool.close(timeout=0)
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._lock:
+            if self.opened:
+                self.pool.close(timeout=timeout)
+                self.opened = False
+
+
+def _errors(pool: ConnectionPool) -> int:
+    """How many attempts to connect ``pool`` failed."""
+    return int(pool.get_stats().get("connections_errors", 0))

@@ -24,13 +24,11 @@ WARNING in the log, and autovacuum is left to keep up alone.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from typing import Any, NamedTuple
-
-import psycopg
+from typing import NamedTuple
 
 from pgfence.backoff import Backoff
+from pgfence.background import Service
 from pgfence.observe import metrics
 from pgfence.store import db
 from pgfence.store.vacuum import VacuumStats, vacuum_jobs, vacuum_stats
@@ -55,33 +53,29 @@ class VacuumRound(NamedTuple):
     seconds: float = 0.0
 
 
-class SelfVacuum:
+class SelfVacuum(Service[VacuumRound]):
     """Runs a VACUUM of pgfence.jobs when it holds ``dead_tuples`` dead row
     versions; :meth:`run_once` looks once, :meth:`start` looks every
     ``interval`` from a thread until :meth:`stop`."""
+
+    thread_name = "pgfence-self-vacuum"
+    application_name = "pgfence vacuum"
+    failure = "self-vacuum of pgfence.jobs failed"
 
     def __init__(self, dsn: str, dead_tuples: int, *, interval: float = INTERVAL,
                  max_interval: float = MAX_INTERVAL) -> None:
         if dead_tuples < 1 or interval <= 0 or max_interval < interval:
             raise ValueError("SelfVacuum needs dead_tuples >= 1 and 0 < interval <= max_interval")
-        self.dsn = dsn
+        super().__init__(dsn, interval=interval, log=log)
         self.dead_tuples = dead_tuples
         self.backoff = Backoff(interval, max_interval)
         #: VACUUMs in a row that a held horizon made useless.
         self.held = 0
         self.refused = False
-        self._conn: psycopg.Connection[Any] | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = db.connect(self.dsn, application_name="pgfence vacuum")
-        return self._conn
 
     def run_once(self) -> VacuumRound:
         """Look at the table and VACUUM it if due; what was done."""
-        conn = self._connection()
+        conn = self.connection()
         with db.translated(self.dsn):
             before = vacuum_stats(conn)
         if before.dead_tuples < self.dead_tuples:
@@ -120,24 +114,8 @@ class SelfVacuum:
         VACUUM in a row that a held horizon made useless."""
         return self.backoff.ceiling(self.held + 1)
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.run_once()
-            except Exception as exc:  # noqa: BLE001 - the next look tries again
-                log.warning("self-vacuum of pgfence.jobs failed: %s", db.first_line(exc))
-                if self._conn is not None:
-                    self._conn.close()
-            self._stop.wait(self.wait())
+    def wait_after(self, result: VacuumRound) -> float:
+        return self.wait()
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="pgfence-self-vacuum", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop the thread (a VACUUM under way ends first) and close the connection."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-        if self._conn is not None and (self._thread is None or not self._thread.is_alive()):
-            self._conn.close()
+    def retry_wait(self, failures: int) -> float:
+        return self.wait()
