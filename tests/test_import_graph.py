@@ -27,7 +27,8 @@ in :data:`LAYERS` that names it):
 3. ``job API``: what a handler module and a producer import: ``pgfence``
    itself, ``job``, ``asyncjob``, ``producer``, ``registry`` and the lease
    a job carries (``worker.lease``);
-4. ``observe``: the metrics server and the vacuum watch;
+4. ``observe``: the metrics server, the vacuum watch, and the base of the
+   renewal process's background services (``background``);
 5. ``runtime``: the worker, the renewal process, the periodic scheduler;
 6. ``prefork``: the arbiter and its children;
 7. ``admin``: the operator's commands as data (shared by the CLI and the
@@ -67,7 +68,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("store", ("pgfence.store",)),
     ("job API", ("pgfence", "pgfence.job", "pgfence.asyncjob", "pgfence.producer", "pgfence.registry",
                  "pgfence.worker.lease")),
-    ("observe", ("pgfence.observe",)),
+    ("observe", ("pgfence.observe", "pgfence.background")),
     ("runtime", ("pgfence.worker", "pgfence.renewal", "pgfence.scheduling")),
     ("prefork", ("pgfence.prefork",)),
     ("admin", ("pgfence.admin",)),
@@ -80,10 +81,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 #: prefix of what it imports).
 UPWARD = {("pgfence.cli.tools", "pgfence.tools")}
 
-#: Modules over the limit that this change does not own (another engineer
-#: is changing them): each may not grow past the size it has, and its entry
-#: goes once it is within the limit.
-OVER_LIMIT_ELSEWHERE = {"renewal/renewer.py": 401}
+#: Modules allowed over the limit for now (none): each may not grow past the
+#: size named, and its entry goes once it is within the limit.
+OVER_LIMIT_ELSEWHERE: dict[str, int] = {}
 
 
 class Edge(NamedTuple):
