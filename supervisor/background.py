@@ -9,7 +9,9 @@ them.  A :class:`Service` is that thread:
 
 * :meth:`Service.run_once` is one step, and returns what it did;
 * :meth:`Service.wait_after` says how long to wait after a step that
-  returned, :meth:`Service.retry_wait` after one that raised;
+  returned, :meth:`Service.retry_wait` after one that raised, and
+  :meth:`Service.finished` whether a step that returned was the last (a
+  service with one thing to do: it ends once that is done);
 * the thread's loop reschedules the next step *before* it runs this one, so
   an error in a step (logged with its arguments, the DSN's password masked)
   never stops the loop: the connection is closed, to be opened again, in the
@@ -69,6 +71,10 @@ class Service(Generic[R]):
         """Seconds from the end of a step that returned ``result`` to the next."""
         return self.interval
 
+    def finished(self, result: R) -> bool:
+        """Whether the step that returned ``result`` ends the service."""
+        return False
+
     def retry_wait(self, failures: int) -> float:
         """Seconds from the start of a step that raised (the ``failures``-th
         in a row) to the next."""
@@ -108,6 +114,10 @@ class Service(Generic[R]):
             return max(0.0, due - time.monotonic())
         self.failures = 0
         self.steps += 1
+        if self.finished(result):
+            self._stop.set()
+            self.close()
+            return 0.0
         return max(0.0, self.wait_after(result))
 
     def _loop(self) -> None:

@@ -25,7 +25,14 @@ def worker_name(pid: int, number: int, instance: str) -> str:
     return f"{socket.gethostname()}:{pid}:w{number}:{instance}"
 
 
+def supervisor_name(pid: int, instance: str) -> str:
+    """``host:pid:instance``: a supervisor by its arbiter's pid and instance
+    id (the row of ``pgfence.supervisors`` with that instance), as
+    ``pgfence.kinds.updated_by`` names the one that recorded a kind."""
+    return f"{socket.gethostname()}:{pid}:{instance}"
+
+
 def process_name() -> str:
     """``host:pid:instance``: the name of a worker that runs on its own
     (``pgfence work``)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{new_instance_id()}"
+    return supervisor_name(os.getpid(), new_instance_id())

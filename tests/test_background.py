@@ -123,3 +123,19 @@ def test_the_threads_steps_follow_wait_after():
     finally:
         service.stop()
     assert service.calls == 4
+
+
+def test_a_service_with_one_thing_to_do_retries_until_it_is_done_then_ends():
+    class Once(Steps):
+        def finished(self, result: int) -> bool:
+            return True
+
+    service = Once(interval=0.01, plan=[RuntimeError("down"), RuntimeError("still down"), None, None])
+    service.start()
+    try:
+        wait_for(lambda: not service.running, timeout=5, message="the thread ended after its step")
+    finally:
+        service.stop()
+    assert (service.calls, service.steps, service.failures) == (3, 1, 0)
+    # A step run by hand once it is done ends it again: no wait.
+    assert service.step() == 0.0 and service.calls == 4

@@ -4,7 +4,9 @@ workers at start, applied to every enqueue wherever the producer is."""
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import textwrap
 from pathlib import Path
 
@@ -86,8 +88,51 @@ def test_a_run_records_its_kinds_and_sql_producers_get_the_handlers_queue_and_li
     assert run.returncode == 0, err
 
 
+def kind_record(conn: psycopg.Connection, kind: str) -> tuple:
+    return conn.execute("SELECT queue, max_attempts, max_reclaims, lease, timeout, updated_by, updated_at "
+                        "FROM pgfence.kinds WHERE kind = %s", [kind]).fetchone()
+
+
+def test_a_reload_records_the_new_options_by_the_supervisors_instance(dsn, conn, tmp_path):
+    """SIGHUP re-imports the handler module: the options it now declares
+    reach pgfence.kinds (once the new heartbeat manager is up), and so every
+    producer's next enqueue; updated_by names the supervisor by its instance
+    id, its row of pgfence.supervisors."""
+    module = tmp_path / "mailjobs.py"
+    module.write_text(MAIL_MODULE)
+    log = (tmp_path / "run.log").open("w")
+    run = spawn("run", "--workers", "1", "--queues", "mail,post", "--handlers", "mailjobs",
+                env=env_with(dsn, tmp_path, PYTHONDONTWRITEBYTECODE="1"), stdout=log, stderr=log)
+    try:
+        instance = wait_for(lambda: (row := conn.execute("SELECT instance FROM pgfence.supervisors WHERE pid = %s",
+                                                         [run.pid]).fetchone()) and row[0],
+                            timeout=30, message="the supervisor's row")
+        name = f"{socket.gethostname()}:{run.pid}:{instance}"
+        first = kind_record(conn, "t_mail")
+        assert first[:6] == ("mail", 2, 1, 20.0, 10.0, name)
+
+        module.write_text(MAIL_MODULE.replace('queue="mail", max_attempts=2, max_reclaims=1, lease=20, timeout=10',
+                                              'queue="post", max_attempts=4, max_reclaims=0, lease=30'))
+        run.send_signal(signal.SIGHUP)
+        now = wait_for(lambda: (row := kind_record(conn, "t_mail"))[0] == "post" and row, timeout=30,
+                       message="the reloaded options recorded")
+        assert now[:6] == ("post", 4, 0, 30.0, None, name) and now[6] > first[6]
+        job_id = scalar(conn, "SELECT pgfence.enqueue('t_mail')")
+        assert options(conn, job_id) == ("post", 4, 0)
+        wait_for(lambda: scalar(conn, "SELECT status FROM pgfence.all_jobs WHERE id = %s", [job_id]) == "done",
+                 timeout=30, message="the job on the new queue done")
+        assert conn.execute("SELECT job_id, attempt FROM pgfence_examples.effects").fetchall() == [(job_id, 1)]
+    finally:
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=60)
+        log.close()
+    text = (tmp_path / "run.log").read_text()
+    assert run.returncode == 0, text
+    assert "recorded the options of kind(s) t_mail in pgfence.kinds" in text
+
+
 def test_explicit_options_win_and_unregistered_kinds_get_the_old_defaults(conn):
-    assert kinds.register(conn, [spec("t_k", queue="mail", max_attempts=2, max_reclaims=0)]) == ["t_k"]
+    assert kinds.register(conn, [spec("t_k", queue="mail", max_attempts=2, max_reclaims=0)], by="test") == ["t_k"]
 
     def enq(sql: str) -> tuple:
         return options(conn, scalar(conn, sql))
@@ -103,7 +148,7 @@ def test_explicit_options_win_and_unregistered_kinds_get_the_old_defaults(conn):
     # A kind nobody registered, or registered without options: the old defaults.
     assert enq("SELECT pgfence.enqueue('t_unknown')") == ("default", 5, 3)
     assert enq("INSERT INTO pgfence.jobs (kind) VALUES ('t_unknown') RETURNING id") == ("default", 5, 3)
-    kinds.register(conn, [spec("t_bare")])
+    kinds.register(conn, [spec("t_bare")], by="test")
     assert enq("SELECT pgfence.enqueue('t_bare')") == ("default", 5, 3)
     # The notification names the queue the job went to.
     with psycopg.connect(conn.info.dsn, autocommit=True) as listener:
@@ -113,22 +158,23 @@ def test_explicit_options_win_and_unregistered_kinds_get_the_old_defaults(conn):
 
 
 def test_python_enqueue_without_the_handler_leaves_the_options_to_the_database(conn):
-    kinds.register(conn, [spec("t_remote", queue="reports", max_attempts=3, max_reclaims=2)])
+    kinds.register(conn, [spec("t_remote", queue="reports", max_attempts=3, max_reclaims=2)], by="test")
     assert options(conn, enqueue(conn, "t_remote")) == ("reports", 3, 2)
     assert options(conn, enqueue(conn, "t_remote", queue="now", max_attempts=1)) == ("now", 1, 2)
 
 
 def test_register_writes_changed_kinds_only_and_keeps_the_others(conn):
-    assert kinds.register(conn, [spec("t_a", queue="a", lease=5), spec("t_b", max_attempts=4)]) == ["t_a", "t_b"]
+    both = [spec("t_a", queue="a", lease=5), spec("t_b", max_attempts=4)]
+    assert kinds.register(conn, both, by="test") == ["t_a", "t_b"]
     first = conn.execute("SELECT kind, updated_at FROM pgfence.kinds ORDER BY kind").fetchall()
     # A restart with the same handlers writes nothing.
-    assert kinds.register(conn, [spec("t_a", queue="a", lease=5), spec("t_b", max_attempts=4)]) == []
+    assert kinds.register(conn, both, by="test") == []
     assert conn.execute("SELECT kind, updated_at FROM pgfence.kinds ORDER BY kind").fetchall() == first
     # A new version of t_a (its lease option removed) without t_b: t_a is
     # updated, t_b is kept for the workers that still run it.
-    assert kinds.register(conn, [spec("t_a", queue="a", timeout=2)]) == ["t_a"]
+    assert kinds.register(conn, [spec("t_a", queue="a", timeout=2)], by="test") == ["t_a"]
     assert kind_rows(conn) == [("t_a", "a", None, None, None, 2.0), ("t_b", None, 4, None, None, None)]
-    assert kinds.register(conn, []) == []
+    assert kinds.register(conn, [], by="test") == []
     assert kinds.known(conn, "t_b") and not kinds.known(conn, "t_c")
 
 
@@ -166,5 +212,8 @@ def test_cli_enqueue_finds_handlers_in_the_environment_the_config_file_and_the_d
     work = pgfence("work", "--burst", "--queues", "cfgq", "--handlers", "cfgjobs", env=env_with(dsn, tmp_path))
     assert work.returncode == 0, work.stderr
     assert kind_rows(conn) == [("t_cfg", "cfgq", 3, 0, None, None)]
+    # Written by the worker by its name: host, pid and its instance id.
+    assert re.fullmatch(re.escape(socket.gethostname()) + r":\d+:[0-9a-f]{8}",
+                        scalar(conn, "SELECT updated_by FROM pgfence.kinds WHERE kind = 't_cfg'"))
     assert enqueue_cli() == ("cfgq", 3, 0)
     assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs") == 5

@@ -101,9 +101,9 @@ def require_migrated(conn: psycopg.Connection) -> None:
                             "run 'pgfence migrate'")
 
 
-def register_kinds(conn: Any) -> None:
+def register_kinds(conn: Any, by: str) -> None:
     """Record the loaded handlers' options in pgfence.kinds, where every
-    producer's enqueue finds them."""
-    changed = kinds.register(conn, registry.specs())
+    producer's enqueue finds them, as written ``by`` this supervisor or worker."""
+    changed = kinds.register(conn, registry.specs(), by=by)
     if changed:
         log.info("recorded the options of kind(s) %s in pgfence.kinds", ", ".join(changed))

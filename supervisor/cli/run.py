@@ -10,7 +10,7 @@ import shutil
 import signal
 import socket
 
-from pgfence import registry
+from pgfence import identity, registry
 from pgfence import settings as settings_mod
 from pgfence.cli.common import connect, load_handlers, register_kinds, require_migrated, worker_command_settings
 from pgfence.errors import ConfigError
@@ -29,9 +29,9 @@ def cmd_work(args: argparse.Namespace) -> int:
         log.warning("UNPROTECTED worker: no lease renewal and no fence; a job may run twice")
     load_handlers(settings)
     dsn, conn = connect(args)
-    with conn:
-        register_kinds(conn)
     worker = make_worker(dsn, settings, name=args.name)
+    with conn:
+        register_kinds(conn, worker.name)
 
     def on_signal(signum: int, _frame: object) -> None:
         # Record only; the loop stops claiming and finishes the running job.
@@ -76,12 +76,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     # import stops the arbiter with one line, and children share its pages.
     load_handlers(settings)
     dsn, conn = connect(args)
+    instance = identity.new_instance_id()
     with conn:
         require_migrated(conn)
-        register_kinds(conn)
+        register_kinds(conn, identity.supervisor_name(os.getpid(), instance))
     # The connection above is closed: the arbiter holds none when it forks.
     sock = bind_metrics(settings)
-    arbiter = Arbiter(dsn, settings, reload_settings=lambda: worker_command_settings(args), metrics_sock=sock)
+    arbiter = Arbiter(dsn, settings, reload_settings=lambda: worker_command_settings(args), metrics_sock=sock,
+                      instance=instance)
     log.info("pgfence run: %d workers, queues %s, lease %gs, database %s, metrics files in %s", settings.workers,
              ",".join(settings.queues), settings.lease, db.redact(dsn), metrics_dir)
     try:

@@ -69,7 +69,7 @@ __all__ = ["CRASH_BACKOFF_MAX", "MAX_BOOT_FAILURES", "SIGNALS", "Arbiter", "Chil
 class Arbiter:
     def __init__(self, dsn: str, settings: Settings, *,
                  reload_settings: Callable[[], Settings] | None = None,
-                 metrics_sock: socket.socket | None = None):
+                 metrics_sock: socket.socket | None = None, instance: str | None = None):
         #: Bound by the caller before any fork; served by the metrics child.
         self.metrics_sock = metrics_sock
         self.systemd = SystemdReporter()
@@ -79,7 +79,7 @@ class Arbiter:
         self.settings = settings
         #: In every child's name: tells this supervisor's children from
         #: another's with the same host name and pids (see identity.new_instance_id).
-        self.instance = identity.new_instance_id()
+        self.instance = instance or identity.new_instance_id()
         #: When this supervisor started (wall clock): its started_at in
         #: pgfence.supervisors, kept across heartbeat manager restarts.
         self.started = time.time()

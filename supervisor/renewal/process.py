@@ -30,8 +30,9 @@ from pgfence.scheduling.scheduler import Scheduler
 from pgfence.renewal.presence import Presence, arbiter_started_at
 from pgfence.renewal.renewer import HeartbeatManager, renew_period
 from pgfence.worker.lease import Lease
+from pgfence.worker.kinds import KindsRecord
 from pgfence.worker.vacuum import SelfVacuum
-from pgfence.identity import worker_name
+from pgfence.identity import supervisor_name, worker_name
 from pgfence.settings import Settings
 from pgfence.prefork.slots import ACTIVE, FREE, ORPHANED_CRASH, ORPHANED_STOP, SlotTable
 
@@ -218,6 +219,11 @@ def main(dsn: str, settings: Settings, table: SlotTable, liveness: float, instan
     # connection of its own (see pgfence.renewal.presence).
     presence = Presence(dsn, table, instance=instance, arbiter_pid=parent, started_at=arbiter_started_at(started))
     presence.start()
+    # The handlers' options in pgfence.kinds: recorded by `pgfence run` at
+    # start, and again here by the manager forked after a reload (the
+    # re-imported modules may declare new ones), until the database answers.
+    record = KindsRecord(dsn, registry.specs(), by=supervisor_name(parent, instance))
+    record.start()
     next_at = time.monotonic()
     try:
         while not stop:
@@ -242,6 +248,7 @@ def main(dsn: str, settings: Settings, table: SlotTable, liveness: float, instan
         process.release_orphans()
     finally:
         presence.stop(remove=stop)
+        record.stop()
         if scheduler is not None:
             scheduler.stop()
         if vacuum is not None:
