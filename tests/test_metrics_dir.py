@@ -4,11 +4,18 @@ anything else (a user's SQLite database) is refused, and nothing is deleted."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import sqlite3
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from pgtools import env_for, pgfence
+from supervisors import supervisors  # noqa: F401 - the fixture
 from pgfence.observe import multiproc
 from pgfence.errors import ConfigError
 
@@ -73,3 +80,82 @@ def test_pgfence_run_refuses_a_users_directory_with_one_line(dsn, tmp_path, sour
         "give a new or empty directory"]
     assert [p.name for p in directory.iterdir()] == ["customers.db"]
     assert (directory / "customers.db").read_bytes() == before
+
+
+# -- the temp folders of runs killed before they could delete theirs -----------------
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def made_folder(parent: Path, name: str, owner: str | None, files: tuple[str, ...] = ("counter_7.db",)) -> Path:
+    folder = parent / f"{multiproc.PREFIX}{name}"
+    folder.mkdir()
+    (folder / multiproc.MARKER).write_text("marker")
+    if owner is not None:
+        (folder / multiproc.OWNER).write_text(owner)
+    for file in files:
+        (folder / file).write_bytes(b"x")
+    return folder
+
+
+def test_the_sweep_deletes_only_folders_whose_arbiter_is_gone(tmp_path):
+    host = socket.gethostname()
+    gone = made_folder(tmp_path, "gone", f"{host} {dead_pid()} 123\n", ("counter_7.db", "gauge_livesum_7.db"))
+    never_read = made_folder(tmp_path, "gone-unread", f"{host} {dead_pid()} -\n", ())
+    live = made_folder(tmp_path, "live", multiproc.owner_line(os.getpid()))
+    reused = made_folder(tmp_path, "reused", f"{host} {os.getpid()} 1\n")   # its pid is another process now
+    elsewhere = made_folder(tmp_path, "elsewhere", f"{host}-other {dead_pid()} 123\n")
+    unowned = made_folder(tmp_path, "unowned", None)
+    foreign = made_folder(tmp_path, "foreign", f"{host} {dead_pid()} 123\n", ("counter_7.db", "notes.txt"))
+    unmarked = tmp_path / f"{multiproc.PREFIX}unmarked"
+    unmarked.mkdir()
+    (unmarked / multiproc.OWNER).write_text(f"{host} {dead_pid()} 123\n")
+    garbled = made_folder(tmp_path, "garbled", "not an owner line")
+    other_name = tmp_path / "metrics-elsewhere"
+    other_name.mkdir()
+    assert multiproc.sweep(tmp_path) == sorted([gone, never_read, reused])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        p.name for p in (live, elsewhere, unowned, foreign, unmarked, garbled, other_name))
+    assert sorted(p.name for p in foreign.iterdir()) == [multiproc.MARKER, multiproc.OWNER, "counter_7.db",
+                                                         "notes.txt"]
+    assert multiproc.sweep(tmp_path) == []
+
+
+def test_a_run_sweeps_the_folder_a_sigkilled_supervisor_left_and_no_live_ones(dsn, tmp_path, supervisors):
+    """Two supervisors with their own temp metrics folders; one is SIGKILLed
+    and leaves its folder.  The next supervisor's start deletes it (saying
+    so) and leaves the live one's; clean stops delete their own."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {"TMPDIR": str(temp)}
+
+    def folders() -> dict[str, str]:
+        return {p.name: (p / multiproc.OWNER).read_text().split()[1] for p in temp.iterdir()}
+
+    killed = supervisors(env=env, workers=1)
+    kept = supervisors(env=env, workers=1)
+    for sup in (killed, kept):
+        sup.wait_workers(1)
+    made = folders()
+    assert sorted(made.values()) == sorted([str(killed.pid), str(kept.pid)])
+    killed_folder = next(name for name, pid in made.items() if pid == str(killed.pid))
+    killed.children()
+    killed.signal(signal.SIGKILL)
+    assert killed.wait_exit(10) == -signal.SIGKILL
+    killed.wait(lambda: not any(killed.alive(pid) for pid in killed.seen), 20, "the killed run's children gone")
+    assert killed_folder in folders()
+
+    third = supervisors(env=env, workers=1)
+    third.wait_workers(1)
+    now = folders()
+    assert sorted(now.values()) == sorted([str(kept.pid), str(third.pid)])
+    assert killed_folder not in now
+    assert f"deleted 1 metrics folder(s) of supervisors that are gone: {killed_folder}" in third.log()
+    assert "deleted" not in kept.log()
+    assert kept.stop() == 0 and third.stop() == 0
+    assert folders() == {}
