@@ -104,7 +104,7 @@ def sweep(parent: Path) -> list[Path]:
                 continue
             if any(not METRIC_FILE.match(name) for name in names - {MARKER, OWNER}):
                 continue
-            for name in sorted(names - {OWNER}) + [OWNER]:
+            for name in [*sorted(names - {OWNER}), OWNER]:
                 (folder / name).unlink()
             folder.rmdir()
         except OSError:
