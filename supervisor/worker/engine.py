@@ -111,7 +111,6 @@ class Engine(InFlight, Watching, Claiming, Completing):
         self.notes_before_claim = 0
         self._pauses_stale = True
         self._pauses_read_at = 0.0
-        # -- the slots
         self.with_async = registry.has_async()
         self._kinds = ([s.kind for s in registry.specs() if not s.is_async],
                        [s.kind for s in registry.specs() if s.is_async])
@@ -134,6 +133,7 @@ class Engine(InFlight, Watching, Claiming, Completing):
         self._lock = threading.Lock()
         self._flights: dict[tuple[int, int], Flight] = {}
         self._running = [0, 0]          # [threads or the one slot, loop]
+        self._free_shown = self.capacity
         #: Deferred jobs of each side waiting for the completer or in its
         #: statement: still tracked, so still in their side's count.
         self._held = [0, 0]
@@ -175,7 +175,7 @@ class Engine(InFlight, Watching, Claiming, Completing):
         for slots in self.slots:
             slots.open()
         metrics.WORKER_CAPACITY.set(self.capacity)
-        metrics.WORKER_FREE_SLOTS.set(self.capacity)
+        metrics.WORKER_FREE_SLOTS.set(self._free_shown)
 
     def close(self) -> None:
         for slots in self.slots:
@@ -361,9 +361,10 @@ class Engine(InFlight, Watching, Claiming, Completing):
             self._stop.wait(self.settings.poll_interval)
             return False
         if jobs:
-            notified = self.notes_before_claim + self._drain_notifies()
-            if notified and time.monotonic() < self._next_claim_at:
-                # An enqueue while idle: the dry side may have a job now.
+            # Only while a dry side waits does a notification matter here
+            # (an enqueue: the dry side may have a job now); otherwise the
+            # next claim reads it, and each read is a poll of the socket.
+            if time.monotonic() < self._next_claim_at and self.notes_before_claim + self._drain_notifies():
                 self._next_claim_at = 0.0
             self.dispatch_all(jobs)
             return False

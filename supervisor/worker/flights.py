@@ -40,6 +40,8 @@ class InFlight:
     _dispatched: int
     _finished: int
     _wake: Wake
+    #: The free slots the gauge shows now.
+    _free_shown: int
 
     def dispatch_all(self, jobs: Sequence[JobBase]) -> None:
         """Start a claim's jobs in their slots: the ordinary ones in the
@@ -74,8 +76,12 @@ class InFlight:
         stats (run_job counts its own)."""
         self._end(flight, outcome, counted)
         metrics.of(metrics.JOBS_IN_FLIGHT, flight.job.queue).dec()
-        self._retitle(None)
-        self._wake.set()
+        if not self.inline:
+            self._retitle(None)
+            self._wake.set()
+        # The one slot's job ended on the claiming thread itself, which needs
+        # no wake-up, and the slot stays taken until its claim's batch has
+        # run (see InlineSlot.start, which retitles then).
 
     def ended_together(self, ended: list[tuple[Flight, str]]) -> None:
         """On the loop's thread: the async jobs that ended in one turn of the
@@ -131,8 +137,11 @@ class InFlight:
 
     def _retitle(self, job: JobBase | None) -> None:
         with self._lock:
-            busy = self._running[0] + self._running[1]
-        metrics.WORKER_FREE_SLOTS.set(self.capacity - busy)
+            free = self.capacity - self._running[0] - self._running[1]
+            if free != self._free_shown:   # a gauge's write takes a lock and a file write
+                self._free_shown = free
+                metrics.WORKER_FREE_SLOTS.set(free)
+        busy = self.capacity - free
         if self.on_title is not None:
             self.on_title(busy, self.capacity, job)
 

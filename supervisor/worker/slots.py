@@ -94,6 +94,8 @@ class Host(Protocol):
 
     def record(self, outcome: str) -> None: ...
 
+    def _retitle(self, job: JobBase | None) -> None: ...
+
 
 class Slots(Protocol):
     """A slot kind (see the module's docstring)."""
@@ -154,6 +156,7 @@ class InlineSlot:
             try:
                 host.complete_deferred(deferred)  # type: ignore[arg-type]
             finally:
+                host._retitle(None)
                 durations, host._durations = host._durations, None
                 for (queue, kind), values in (durations or {}).items():
                     metrics.observe_many(metrics.of(metrics.JOB_DURATION, queue, kind), values)
