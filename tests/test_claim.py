@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 
 import psycopg
 import pytest
@@ -331,6 +332,52 @@ def test_a_mixed_worker_reclaims_expired_leases_of_both_sorts_of_kind_in_one_rou
     assert [tuple(r) for r in conn.execute(
         "SELECT id, status, attempt, reclaims, locked_by FROM pgfence.jobs ORDER BY id")] == [
         (sync_job, "running", 2, 1, "mixed"), (async_job, "running", 2, 1, "mixed")]
+
+
+def test_a_mixed_worker_claims_a_job_enqueued_between_the_two_claims_of_an_empty_round_at_once(conn, dsn):
+    """A mixed worker's round claims for the loop, then for the threads.  An
+    async job enqueued between the two: its NOTIFY is read before the
+    threads' claim, which cannot take that kind; the loop's claim had
+    already found nothing.  The round is empty and the worker idles for the
+    poll interval (60 s here), yet the job is claimed by the next round:
+    the loop side is not left dry by a round that read an enqueue after its
+    claim (in CI the job waited the whole poll interval)."""
+    from pgfence.asyncjob import AsyncJob
+    from pgfence.settings import Settings
+
+    @handler("t_race_def")
+    def sync_kind(job) -> None:
+        pass
+
+    @handler("t_race_async")
+    async def async_kind(job: AsyncJob) -> None:
+        pass
+
+    worker = Worker(dsn, Settings(renew=False, threads=2, async_concurrency=4, poll_interval=60, retention=None),
+                    name="mixed")
+    enqueued: list[int] = []
+    claim = worker.claim
+
+    def claim_then_enqueue_once(*args, **kwargs):
+        jobs = claim(*args, **kwargs)
+        if not enqueued:
+            enqueued.append(enqueue(conn, "t_race_async"))   # committed, notified, after the loop's claim
+        return jobs
+
+    try:
+        worker.open()
+        assert worker.wait_for_work(0.01) is False         # LISTENing, nothing queued
+        worker.claim = claim_then_enqueue_once
+        assert worker.claim_plan()[0].on_loop               # the loop (4 free) claims first
+        assert worker._round(False, None) is False          # loop: nothing; job enqueued; threads: not their kind
+        assert len(enqueued) == 1 and worker._next_claim_at > time.monotonic() + 30   # idling now
+        worker.claim = claim
+        wait_for(lambda: worker._round(False, None) is False and job_row(conn, enqueued[0])["status"] == "done",
+                 timeout=5, interval=0.01, message="the job enqueued mid-round claimed and done")
+    finally:
+        worker.close()
+    row = job_row(conn, enqueued[0])
+    assert (row["status"], row["attempt"], row["locked_by"]) == ("done", 1, None)
 
 
 def test_a_claim_with_kinds_takes_only_those_kinds_queued_or_expired(conn):

@@ -131,6 +131,30 @@ def test_a_worker_of_one_side_claims_any_kind_into_its_free_slots():
     assert type(loop.loop_slots) is LoopSlots
 
 
+def test_a_nearly_full_loop_claims_once_a_thirty_second_of_its_slots_is_free():
+    @handler("t_units_share_aio")
+    async def async_kind(job: AsyncJob) -> None:
+        pass
+
+    for spec in list(registry.specs()):
+        if not spec.is_async:
+            del registry._REGISTRY[spec.kind]
+    loop = ConcurrentWorker(DSN, Settings(renew=False, async_concurrency=200))
+    assert loop.loop_claim_min == 6
+    loop._running = [0, 195]                 # 5 free: wait for one more job to end
+    assert loop.claim_plan() == []
+    loop._running = [0, 194]
+    assert loop.claim_plan() == [Claim(6)]
+    small = ConcurrentWorker(DSN, Settings(renew=False, async_concurrency=20))
+    small._running = [0, 19]                 # under 32 slots: every free slot is claimed at once
+    assert (small.loop_claim_min, small.claim_plan()) == (1, [Claim(1)])
+    # Nothing running: any free slot is claimed (never stalled by the share).
+    tiny = ConcurrentWorker(DSN, Settings(renew=False, async_concurrency=200, batch=3))
+    assert tiny.claim_plan() == [Claim(3)]
+    tiny._running = [0, 197]                 # never more asked for than one claim takes
+    assert (tiny.loop_claim_min, tiny.claim_plan()) == (3, [Claim(3)])
+
+
 def test_the_event_loop_reports_the_time_it_has_not_turned():
     loop = EventLoop()
     loop.start()

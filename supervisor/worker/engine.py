@@ -54,6 +54,7 @@ log = logging.getLogger("pgfence.worker")
 
 #: The interpreter's thread switch interval in a worker that runs many jobs.
 SWITCH_INTERVAL = 0.001
+LOOP_CLAIM_SHARE = 32   #: a loop with jobs running claims once this share of its slots is free
 #: Longest wait of the claiming thread between two looks at its jobs (their
 #: timeouts, a blocked loop, a stop) while nothing wakes it.
 TEND_EVERY = 0.1
@@ -100,17 +101,11 @@ class Engine(InFlight, Watching, Claiming, Completing):
         self._last_prune = time.monotonic()
         self._owner = threading.current_thread()
         self._next_reclaim_scan = 0.0
-        self._durations = None
-        self._unknown_logged = set()
-        self._unreleased = []
-        self._unrecorded = []
-        #: The pool jobs write on when they run on threads (None: on the
-        #: worker's own connection).
-        self.pool: ConnectionPool | None = None
+        self._durations, self._unknown_logged, self._unreleased, self._unrecorded = None, set(), [], []
+        self.pool: ConnectionPool | None = None   #: the threads' pool (None: the one slot's connection)
         self.paused = frozenset()
         self.notes_before_claim = 0
-        self._pauses_stale = True
-        self._pauses_read_at = 0.0
+        self._pauses_stale, self._pauses_read_at = True, 0.0
         self.with_async = registry.has_async()
         self._kinds = ([s.kind for s in registry.specs() if not s.is_async],
                        [s.kind for s in registry.specs() if s.is_async])
@@ -118,6 +113,7 @@ class Engine(InFlight, Watching, Claiming, Completing):
         self.async_slots = settings.async_concurrency if self.with_async else 0
         self.capacity = self.threads + self.async_slots
         self.claim_size = self.batch = settings.claim_size(self.with_async)
+        self.loop_claim_min = max(1, min(self.batch, self.async_slots // LOOP_CLAIM_SHARE))
         #: One job at a time on the claiming thread: one thread, no async handler.
         self.inline = settings.threads == 1 and not self.with_async
         #: The slots of def handlers (the one slot or the threads; in a module
@@ -137,8 +133,7 @@ class Engine(InFlight, Watching, Claiming, Completing):
         #: Deferred jobs of each side waiting for the completer or in its
         #: statement: still tracked, so still in their side's count.
         self._held = [0, 0]
-        self._dispatched = 0
-        self._finished = 0
+        self._dispatched = self._finished = 0
         self._watched_at: float | None = None
         self._watch_from = 0.0
         self._blocked_reported = False
@@ -203,11 +198,9 @@ class Engine(InFlight, Watching, Claiming, Completing):
                             row.max_attempts, row.dedupe_key,
                             pool=self.loop_slots.pool if self.loop_slots is not None else None,
                             fence=self.settings.fence)
-        if self.inline:
-            return Job(row.id, row.kind, row.queue, row.attempt, RawJSON(row.payload), lease, row.max_attempts,
-                       row.dedupe_key, conn=self.conn, fence=self.settings.fence)
+        on = {"conn": self.conn} if self.inline else {"pool": self.pool}
         return Job(row.id, row.kind, row.queue, row.attempt, RawJSON(row.payload), lease, row.max_attempts,
-                   row.dedupe_key, pool=self.pool, fence=self.settings.fence)
+                   row.dedupe_key, fence=self.settings.fence, **on)
 
     @contextlib.contextmanager
     def _conn_for(self, job: JobBase) -> Iterator[psycopg.Connection]:
@@ -230,14 +223,16 @@ class Engine(InFlight, Watching, Claiming, Completing):
         with self._lock:
             # A job whose handler returned frees its slot at once; its lease
             # (and its entry in the slot table, which has room for twice the
-            # capacity) stays held until the completer's statement that
-            # completes it has run.  Should completions fall behind by more
-            # than the capacity, the claims wait for them.
+            # capacity) stays held until the completer's statement has run.
+            # Should completions fall behind by more than the capacity, the claims wait.
             if self.inline:
                 sync = 0 if self._running[0] else self.claim_size
             else:
                 sync = self.threads - self._running[0] - max(0, self._held[0] - self.threads)
-            return (sync, self.async_slots - self._running[1] - max(0, self._held[1] - self.async_slots))
+            loop = self.async_slots - self._running[1] - max(0, self._held[1] - self.async_slots)
+            # A nearly full loop claims a few at a time, not once per job
+            # that ends: each claim scans past the rows completed since the last vacuum.
+            return (sync, loop if loop >= self.loop_claim_min or not self._running[1] else 0)
 
     def claim_plan(self) -> list[Claim]:
         """The claims to try, in turn, until one brings jobs: how many jobs
@@ -282,6 +277,8 @@ class Engine(InFlight, Watching, Claiming, Completing):
         reclaim = self.reclaim_due()
         for index, claim in enumerate(plan):
             jobs = self.claim(claim.size, claim.kinds, claim.not_kinds, reclaim=reclaim)
+            for earlier in plan[:index] if self.notes_before_claim else ():
+                self._dry[earlier.on_loop] = False   # an enqueue read after their claims: not dry
             if jobs:
                 if reclaim and index + 1 < len(plan):
                     # The other side's claim, not sent, owes its reclaim scan.
