@@ -35,7 +35,8 @@ pytestmark = pytest.mark.skipif(
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="the browser tests need selenium (the dev extra)")
 
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    NoSuchElementException, StaleElementReferenceException, WebDriverException)
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
@@ -146,7 +147,23 @@ class Page:
         WebDriverWait(self.driver, 15).until(EC.staleness_of(old))
 
     def press(self, css: str) -> None:
-        self.submit(self.one(css))
+        """Press the button ``css`` and wait for the page it leads to.  A
+        click Chromium refuses before dispatching it, because the node it
+        found no longer belongs to the document (seen once in CI, the page
+        loaded and untouched), is tried again on the button found anew: that
+        click never reached the form, so nothing is sent twice."""
+        for tries_left in (2, 1, 0):
+            old = self.driver.find_element(By.TAG_NAME, "html")
+            try:
+                self.one(css).click()
+            except (StaleElementReferenceException, WebDriverException) as exc:
+                refused = isinstance(exc, StaleElementReferenceException) or "does not belong to the document" in str(
+                    exc)
+                if not refused or not tries_left:
+                    raise
+                continue
+            WebDriverWait(self.driver, 15).until(EC.staleness_of(old))
+            return
 
     def until(self, condition: Callable[[], Any], path: str | None = None, timeout: float = 30,
               message: str = "condition") -> Any:
