@@ -15,6 +15,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 PY=${PYTHON:-python3}
 
+# The help needs nothing installed: the command line is declared in
+# bench/options.py, standard library only.
+for arg in "$@"; do
+  case $arg in -h|--help) exec "$PY" "$here/options.py" --help;; esac
+done
+
 if [ ! -x "$here/.venv/bin/python" ] || ! cmp -s "$here/requirements.txt" "$here/.venv/requirements.txt"; then
   echo "bench: installing bench/.venv from bench/requirements.txt" >&2
   "$PY" -m venv "$here/.venv"
