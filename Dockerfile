@@ -3,6 +3,7 @@
 #   docker build -t pgfence:0.2.0 .
 #   docker run --rm --read-only --tmpfs /run/pgfence --tmpfs /tmp \
 #     --env-file pgfence.env --stop-timeout 45 -p 9464:9464 pgfence:0.2.0
+#   (podman: --tmpfs /run/pgfence:U, or the tmpfs is root's; .ci/container)
 #
 # PGFENCE_DSN comes from the environment at run time (--env-file, a Secret),
 # never from the image.  /run/pgfence holds the Prometheus multiprocess files:
