@@ -135,7 +135,8 @@ def reclaim_and_reject(conn) -> int:
     wait_for(lambda: scalar(conn, "SELECT status FROM pgfence.all_jobs WHERE id = %s", (job_id,)) == "running")
     first = holder_pid(conn, job_id)
     # Freeze the holder inside its fenced transaction, after its write.
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                  "AND application_name = %s "
                                   "AND state = 'idle in transaction'",
                             (f"pgfence worker {scalar(conn, 'SELECT locked_by FROM pgfence.all_jobs WHERE id = %s', (job_id,))}",)) == 1,
              message="the holder inside its fenced transaction")
@@ -146,6 +147,7 @@ def reclaim_and_reject(conn) -> int:
     wait_for(lambda: scalar(conn, "SELECT status FROM pgfence.all_jobs WHERE id = %s", (job_id,)) == "done", timeout=15)
     # The late commit is rolled back: once the frozen child is idle again its
     # transaction is gone, and one effect row remains, attempt 2's.
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' "
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
+                                  "state = 'idle in transaction' "
                                   "AND application_name LIKE 'pgfence worker %%'") == 0, timeout=15)
     return job_id

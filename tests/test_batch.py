@@ -53,11 +53,13 @@ def test_without_listen_an_idle_worker_polls_and_never_listens(dsn, conn, make_w
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                      "AND application_name LIKE "
                                       "'pgfence worker %%' AND state = 'idle'") == 1)
         job_id = enqueue(conn, "noop")
         wait_for(lambda: scalar(conn, "SELECT status FROM pgfence.all_jobs WHERE id = %s", (job_id,)) == "done")
-        queries = conn.execute("SELECT query FROM pg_stat_activity WHERE application_name LIKE "
+        queries = conn.execute("SELECT query FROM pg_stat_activity WHERE datname = current_database() "
+                               "AND application_name LIKE "
                                "'pgfence worker %%'").fetchall()
         assert all("LISTEN" not in q for (q,) in queries)
         assert worker._listening is False

@@ -43,7 +43,8 @@ def test_a_frozen_worker_inside_a_transaction_frees_its_row_locks(dsn, conn):
     proc = spawn("work", "--handlers", "pgfence.handlers.builtin,session_handlers", "--idle-in-transaction-timeout", "1",
                  "--lease", "30", "--name", "frozen", dsn=dsn)
     try:
-        pid = wait_for(lambda: scalar(conn, "SELECT min(pid) FROM pg_stat_activity WHERE application_name = "
+        pid = wait_for(lambda: scalar(conn, "SELECT min(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                                             "AND application_name = "
                                              "'pgfence worker frozen' AND state = 'idle in transaction'"),
                        timeout=20, message="the worker idle in its fenced() transaction")
         assert not row_lockable(dsn, job_id)

@@ -379,7 +379,8 @@ def test_cancel_a_running_job_and_its_completion_is_refused(dsn, conn, runs, pag
     run = runs(dsn, "--queues", "slow", "--workers", "1", "--lease", "3", "--handlers", HANDLERS)
     job_id = enqueue(conn, "hold", {"seconds": 60}, queue="slow", max_attempts=3)
     wait_for(lambda: statuses(conn, [job_id]) == ["running"], message="the job running")
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' "
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
+                                  "state = 'idle in transaction' "
                                   "AND application_name LIKE 'pgfence worker %%'") == 1,
              message="the handler inside its fenced transaction")
 
@@ -395,7 +396,8 @@ def test_cancel_a_running_job_and_its_completion_is_refused(dsn, conn, runs, pag
     # and the effect it wrote in its fenced transaction is rolled back.
     wait_for(lambda: total(run.try_scrape(), "pgfence_double_run_prevented_total", kind="hold") == 1,
              timeout=20, message="pgfence_double_run_prevented_total{kind=hold} 1")
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' "
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
+                                  "state = 'idle in transaction' "
                                   "AND application_name LIKE 'pgfence worker %%'") == 0,
              message="the fenced transaction ended")
     assert scalar(conn, "SELECT count(*) FROM pgfence_examples.effects WHERE job_id = %s", (job_id,)) == 0
