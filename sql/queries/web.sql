@@ -30,11 +30,14 @@ SELECT id, queue, kind, status, attempt, max_attempts, priority, run_at, created
 -- How many jobs match the filters of web_jobs_page (the number a bulk
 -- action's confirmation shows), and the largest id among them: the bulk
 -- action acts on jobs up to that id, so that jobs enqueued after the
--- operator read the count are left alone.  A full count: it reads every
--- matching row, which an operator's confirmation may afford.
+-- operator read the count are left alone.  With %(upto)s, only the jobs up
+-- to that id (the count a bulk action's runner starts with).  A full
+-- count: it reads every matching row, which an operator's confirmation may
+-- afford.
 SELECT count(*)::bigint, max(id)
   FROM pgfence.all_jobs
- WHERE (%(id)s::bigint IS NULL OR id = %(id)s::bigint)
+ WHERE (%(upto)s::bigint IS NULL OR id <= %(upto)s::bigint)
+   AND (%(id)s::bigint IS NULL OR id = %(id)s::bigint)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
    AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
    AND (%(status)s::text IS NULL OR status = %(status)s::text)

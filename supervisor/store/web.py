@@ -56,10 +56,11 @@ def jobs_page(conn: psycopg.Connection, where: JobFilter, *, before: int | None,
     return [JobRow._make(row) for row in conn.execute(q("web_jobs_page"), params).fetchall()]
 
 
-def jobs_count(conn: psycopg.Connection, where: JobFilter,
-               statuses: list[str] | None = None) -> tuple[int, int | None]:
-    """How many jobs match, and the largest id among them (None: none)."""
-    row = conn.execute(q("web_jobs_count"), _params(where, statuses)).fetchone()
+def jobs_count(conn: psycopg.Connection, where: JobFilter, statuses: list[str] | None = None, *,
+               upto: int | None = None) -> tuple[int, int | None]:
+    """How many jobs match (with ids up to ``upto`` if given), and the
+    largest id among them (None: none)."""
+    row = conn.execute(q("web_jobs_count"), _params(where, statuses) | {"upto": upto}).fetchone()
     assert row is not None
     return int(row[0]), row[1]
 
