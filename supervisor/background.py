@@ -17,7 +17,8 @@ them.  A :class:`Service` is that thread:
   never stops the loop: the connection is closed, to be opened again, in the
   thread, by the next step;
 * :meth:`Service.start` and :meth:`Service.stop` are idempotent, and a stop
-  wakes the wait at once (a step under way ends first).
+  wakes the wait at once (a step under way ends first); :meth:`Service.wake`
+  ends the wait too, for a step to run now.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Service(Generic[R]):
         self.failures = 0
         self._conn: psycopg.Connection[Any] | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -122,7 +124,13 @@ class Service(Generic[R]):
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._stop.wait(self.step())
+            self._wake.wait(self.step())
+            self._wake.clear()
+
+    def wake(self) -> None:
+        """End the wait before the next step: it runs at once (after the
+        step under way, if one is)."""
+        self._wake.set()
 
     # -- the thread ------------------------------------------------------------
 
@@ -137,6 +145,7 @@ class Service(Generic[R]):
             if self.running:
                 return
             self._stop.clear()
+            self._wake.clear()
             self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
             self._thread.start()
 
@@ -145,6 +154,7 @@ class Service(Generic[R]):
         (for at most ``join_timeout`` seconds).  The connection is kept."""
         with self._lock:
             self._stop.set()
+            self._wake.set()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=self.join_timeout)

@@ -67,6 +67,18 @@ def test_start_and_stop_are_idempotent_and_a_stop_wakes_the_wait():
     assert not service.running and service.calls == 1
 
 
+def test_a_wake_runs_the_next_step_at_once():
+    service = Steps(interval=3600.0)
+    service.start()
+    try:
+        wait_for(lambda: service.calls == 1, timeout=5, message="the first step")
+        service.wake()                       # the hour's wait ends now
+        wait_for(lambda: service.calls == 2, timeout=5, message="a step right after the wake")
+    finally:
+        service.stop()
+    assert service.calls == 2
+
+
 def test_a_stopped_service_starts_again():
     service = Steps(interval=3600.0)
     service.start()
