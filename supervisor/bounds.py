@@ -6,7 +6,7 @@ every claim, respawned, and crashed again), a heartbeat beyond 24.8 days
 overflows ``statement_timeout``, and a lease of a millisecond is over before
 the claim's reply arrives.  Each setting (and a handler's own ``lease`` and
 ``timeout``) is checked against its range when it is read, so such a value
-is one line at start instead of a crash loop.  The README's settings table
+is one line at start instead of a crash loop.  The docs' settings table
 lists the same ranges.
 """
 

@@ -5,7 +5,7 @@ Every setting is one field of :class:`Settings`, declared with
 :func:`setting` (``pgfence.settings_declare``): its default, its converter
 (``pgfence.settings_values``), its help, the commands that take it.  The
 command-line options (``pgfence.cli.parser``), the environment variables
-``PGFENCE_<NAME>``, the TOML keys and the README's settings table (``python
+``PGFENCE_<NAME>``, the TOML keys and the docs' settings table (``python
 -m pgfence.settings_table``) all follow from that one declaration.
 
 Sources, later ones winning: the defaults below, an optional TOML file
@@ -98,12 +98,12 @@ class Settings:
         1, whole, "jobs of ordinary (def) handlers each worker runs at once, one thread each",
         doc="jobs of ordinary (`def`) handlers each worker runs at once, one thread each; every job in flight "
             "has its own lease and, when it writes, its own connection from the worker's pool (at most this "
-            "many). See \"Running workers\"")
+            "many). See \"Run workers\"")
     async_concurrency: int = setting(
         100, whole, "jobs of async def handlers each worker runs at once on its event loop",
         doc="jobs of `async def` handlers each worker runs at once on its one event loop (started only when a "
             "handler module defines an async handler); their `fenced()` blocks share at most "
-            "10 connections per worker. See \"Running workers\"")
+            "10 connections per worker. See \"Run workers\"")
     poll_interval: float = setting(
         5.0, duration, "longest idle sleep without a NOTIFY",
         doc="longest idle sleep; an enqueue wakes idle workers at once through NOTIFY, and a worker wakes by "
@@ -112,7 +112,7 @@ class Settings:
             "second of its lease's end)")
     timeout: float | None = setting(
         None, optional_duration, "default handler timeout",
-        doc="default handler timeout, a hard limit: see \"Writing handlers\" (a handler's `timeout` and "
+        doc="default handler timeout, a hard limit: see \"Write handlers\" (a handler's `timeout` and "
             "`lease` options take the same ranges)")
     backoff_base: float = setting(
         1.0, duration, "retry backoff: base * 2**(attempt-1) seconds, with jitter",
@@ -169,7 +169,7 @@ class Settings:
         60.0, optional_duration, "the server ends a session idle in a transaction this long",
         doc="the server ends a worker's or the heartbeat's session left idle inside a transaction this "
             "long (a worker frozen or cut off in a `fenced()` block or before its COMMIT), freeing the rows "
-            "it locked; see \"Writing handlers\"; 1s to 1d, or none (the server's setting)")
+            "it locked; see \"Write handlers\"; 1s to 1d, or none (the server's setting)")
     metrics_host: str = setting(
         "127.0.0.1", text, "address of /metrics, /healthz and /readyz", commands=("run",))
     metrics_port: int = setting(9464, whole, "port of /metrics, /healthz and /readyz; 0: none", commands=("run",))
@@ -179,7 +179,7 @@ class Settings:
             "files there are deleted at start)",
         shown="$RUNTIME_DIRECTORY/metrics, else a temporary directory", commands=("run",))
     # Vacuum of the jobs table: when to say that it falls behind, and when
-    # pgfence runs its own VACUUM (see "Vacuum" in the README).
+    # pgfence runs its own VACUUM (see docs/explanation/vacuum.md).
     vacuum_warn_dead_tuples: int | None = setting(
         VACUUM_WARN_DEAD_TUPLES, optional(whole), "log a warning when pgfence.jobs holds this many dead row versions",
         doc="the metrics server logs a WARNING when pgfence.jobs has held this many dead row versions for 2 "
@@ -198,7 +198,7 @@ class Settings:
             "(autovacuum off, or lagging), at most every 15 s; needs the table's owner, the database's owner or "
             "(PostgreSQL 17) the MAINTAIN privilege, else it warns once and does nothing; none: never",
         commands=("run",))
-    # Periodic jobs (see "Periodic jobs" in the README).
+    # Periodic jobs (see docs/how-to/periodic.md).
     periodic: tuple[Schedule, ...] = setting(
         (), schedules, "schedules of periodic jobs, as [[periodic]] tables in the settings file",
         doc="schedules of periodic jobs besides those declared in code: `[[periodic]]` tables in the settings "
@@ -227,7 +227,7 @@ class Settings:
                        "pooling)",
         doc="the worker's and the heartbeat's statements are prepared on the server; `--no-prepare` for "
             "PgBouncer in transaction pooling")
-    # The dashboard (`pgfence web`; see "Web dashboard" in the README).  Its
+    # The dashboard (`pgfence web`; see docs/how-to/dashboard.md).  Its
     # password is read from PGFENCE_WEB_PASSWORD alone: a secret has no flag
     # (ps shows every process's arguments) and no TOML key.
     web_host: str = setting(

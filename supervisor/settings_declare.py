@@ -1,6 +1,6 @@
 """A setting's declaration: :func:`setting` declares a field of
 :class:`pgfence.settings.Settings`, and :class:`Declaration` is what the
-parser, the loaders and the README table read of it."""
+parser, the loaders and the docs' settings table read of it."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ WORKER_COMMANDS = ("work", "run")
 @dataclass(frozen=True)
 class Declaration:
     """One setting as declared: everything that the parser, the loaders and
-    the README table need to know about it.
+    the docs' table need to know about it.
 
     ``name`` is the field name (``poll_interval``); ``flag`` and ``env``
-    follow from it.  ``shown`` is the default as the help and the README
-    show it.  ``doc`` is the README's text, ``help`` the shorter ``--help``
+    follow from it.  ``shown`` is the default as the help and the docs
+    show it.  ``doc`` is the docs' text, ``help`` the shorter ``--help``
     one.  ``commands`` take the setting as a flag; a ``hidden`` setting is
     set by code only (no flag, no environment variable, no TOML key).
     ``option`` names the flag when the setting's name would not do (the
@@ -85,7 +85,7 @@ def setting(default: Any, convert: Converter, help: str, *, doc: str | None = No
 
 
 def _shown(convert: Converter, default: Any) -> str:
-    """The default as the help and the README write it."""
+    """The default as the help and the docs write it."""
     if default is None:
         return "none"
     if isinstance(default, bool):

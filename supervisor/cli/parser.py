@@ -25,7 +25,7 @@ class Parser(argparse.ArgumentParser):
 def common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dsn", help="PostgreSQL DSN (default: PGFENCE_DSN, DATABASE_URL, else embedded)")
     p.add_argument("--log-level", default=os.environ.get("PGFENCE_LOG_LEVEL", "INFO"),
-                   choices=LOG_LEVELS)
+                   choices=LOG_LEVELS, help="what to log on stderr (default: INFO; PGFENCE_LOG_LEVEL)")
 
 
 def config_option(p: argparse.ArgumentParser) -> None:
@@ -82,17 +82,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("enqueue", help="enqueue one job and print its id")
     common_options(p)
-    p.add_argument("kind")
+    p.add_argument("kind", help="the job's kind: a handler's name")
     p.add_argument("--payload", default="{}",
                    help="the payload as JSON, @FILE to read it from a file, - from stdin (default {})")
-    p.add_argument("--queue")
-    p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+    p.add_argument("--queue", help="the job's queue (default: the kind's, else default)")
+    p.add_argument("--priority", type=int, default=0, metavar="N", help="higher runs first (default 0)")
     when = p.add_mutually_exclusive_group()
     when.add_argument("--delay", help="seconds from now before the job may run")
-    when.add_argument("--run-at", help="ISO 8601 time before which the job does not run")
-    p.add_argument("--max-attempts", type=int)
-    p.add_argument("--max-reclaims", type=int)
-    p.add_argument("--dedupe-key")
+    when.add_argument("--run-at", metavar="ISO", help="ISO 8601 time before which the job does not run")
+    p.add_argument("--max-attempts", type=int, metavar="N",
+                   help="runs the job may take, errors and reclaims together (default: the kind's, else 5)")
+    p.add_argument("--max-reclaims", type=int, metavar="N",
+                   help="reclaims after which the job is quarantined as failed (default: the kind's, else 3)")
+    p.add_argument("--dedupe-key", metavar="KEY",
+                   help="while a job of this kind with this key is queued or running, print its id instead")
     config_option(p)
     setting_options(p, "enqueue")
     p.add_argument("--any-kind", action="store_true",
@@ -100,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="jobs per queue and status, and running jobs")
     common_options(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
     p = sub.add_parser("failed", help="the newest failed jobs with their errors")
     common_options(p)
@@ -108,11 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", help="only jobs of this queue")
     p.add_argument("--kind", help="only jobs of this kind")
     p.add_argument("--traceback", action="store_true", help="print each job's traceback under it")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     p = sub.add_parser("periodic", help="the schedules of periodic jobs: next tick, last run, skipped and missed")
     common_options(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON, with ISO 8601 times, instead of a table")
 
     p = sub.add_parser("web", help="the web dashboard: queues, jobs, attempts; retry, cancel, pause (extra: web)")
     common_options(p)
@@ -121,20 +124,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("retry", help="queue failed or cancelled jobs again")
     common_options(p)
-    p.add_argument("ids", nargs="*", type=int)
+    p.add_argument("ids", nargs="*", type=int, help="ids of failed or cancelled jobs")
     p.add_argument("--failed", action="store_true", help="every failed job")
 
     p = sub.add_parser("cancel", help="cancel queued or running jobs")
     common_options(p)
-    p.add_argument("ids", nargs="+", type=int)
+    p.add_argument("ids", nargs="+", type=int, help="ids of queued or running jobs")
 
     p = sub.add_parser("pause", help="stop claiming a queue's jobs (running ones finish)")
     common_options(p)
-    p.add_argument("queue")
+    p.add_argument("queue", help="the queue to pause")
 
     p = sub.add_parser("resume", help="claim a paused queue's jobs again")
     common_options(p)
-    p.add_argument("queue")
+    p.add_argument("queue", help="the queue to resume")
 
     p = sub.add_parser("prune", help="delete finished jobs older than the retention, once")
     common_options(p)
@@ -153,5 +156,6 @@ def build_parser() -> argparse.ArgumentParser:
     common_options(p)
 
     p = sub.add_parser("embedded", help="the embedded PostgreSQL of this user: status, or stop it")
-    p.add_argument("action", choices=("status", "stop"))
+    p.add_argument("action", choices=("status", "stop"),
+                   help="status: whether it runs, its data directory and DSN; stop: a fast shutdown")
     return parser
