@@ -1,5 +1,5 @@
 """Each setting declared once (pgfence.settings), and what follows from it:
-the command-line options, the environment, the README's table.  Also
+the command-line options, the environment, the docs' table.  Also
 `pgfence --version`, the handler modules a worker must be given, and the
 example handlers kept out of pgfence's own schema and internals."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import sys
 from pathlib import Path
 
 import pgfence
@@ -27,10 +28,19 @@ ROOT = Path(__file__).resolve().parent.parent
 # -- the declarations (no database) --------------------------------------------------
 
 
-def test_readme_settings_table_is_the_generated_one():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert settings_table.between_markers(readme) == settings_table.render(), \
-        "README.md's settings table is stale: run python -m pgfence.settings_table README.md"
+def test_the_docs_settings_page_shows_the_generated_table():
+    """The settings reference renders the table from the declarations at
+    build time (docs/_gen/hooks.py), in place of its marked region."""
+    page = (ROOT / "docs" / "reference" / "settings.md").read_text(encoding="utf-8")
+    start = page.index("<!-- generated: settings -->\n")
+    assert "<!-- end generated -->" in page[start:]
+    assert "| `lease` |" not in page, "the page holds a copy of the table: it is generated, remove the copy"
+    sys.path.insert(0, str(ROOT / "docs" / "_gen"))
+    try:
+        import reference
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_gen"))
+    assert reference.settings_table() == settings_table.render()
 
 
 def test_the_table_has_one_row_per_setting_users_set():
