@@ -1,9 +1,9 @@
-"""What the dashboard's buttons do: retry, cancel and delete jobs (one, a
-selection, or every job matching a filter, in batches), pause and resume a
-queue.  Retry and cancel are the statements of ``pgfence retry`` and
-``pgfence cancel``; each batch is its own short transaction, so a bulk
-action over a million jobs never holds a million row locks, and what it did
-before an error stays done."""
+"""What the dashboard's buttons do to jobs: retry, cancel and delete one job
+or a selection, at once, and the batch of a bulk action (every job matching
+a filter), which :mod:`pgfence.web.bulk` runs in the background.  Retry and
+cancel are the statements of ``pgfence retry`` and ``pgfence cancel``; each
+batch is its own short transaction, so an action over a million jobs never
+holds a million row locks, and what it did before an error stays done."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pgfence.admin import commands as admin_commands
 from pgfence.store import db
 from pgfence.store import web as store
 
-#: Jobs per transaction of a bulk action.
+#: Jobs per transaction of a selection.
 BATCH = 500
 
 #: The actions on jobs, and the statuses each applies to.
@@ -45,7 +45,8 @@ class Outcome(NamedTuple):
 
 
 def act(conn: psycopg.Connection[Any], action: str, ids: list[int]) -> Outcome:
-    """Apply ``action`` to the jobs ``ids`` in one transaction."""
+    """Apply ``action`` to the jobs ``ids`` in one transaction (a savepoint
+    of the caller's, when one is open)."""
     if action not in ELIGIBLE:
         raise ValueError(f"unknown action {action!r}")
     if action == "retry":
@@ -74,33 +75,6 @@ def act_on_ids(connections: Connections, action: str, ids: list[int], batch: int
             outcome = act(conn, action, chunk)
         acted += outcome.acted
         skipped += outcome.skipped
-    return Outcome(acted=acted, skipped=skipped)
-
-
-def act_on_filter(connections: Connections, action: str, where: store.JobFilter, *, upto: int | None,
-                  batch: int = BATCH) -> Outcome:
-    """Apply ``action`` to every job matching ``where`` (up to the id
-    ``upto``, the largest the confirmation counted) whose status it applies
-    to: newest first, ``batch`` jobs per transaction, the next batch read
-    after the last one's smallest id, so that a job is never taken twice
-    (a job retried keeps its id)."""
-    statuses = list(ELIGIBLE[action])
-    acted: list[int] = []
-    skipped: list[int] = []
-    before: int | None = None
-    while True:
-        with connections() as conn, db.translated():
-            rows = store.jobs_page(conn, where, before=before, upto=upto, limit=batch, statuses=statuses)
-        if not rows:
-            break
-        ids = [row.id for row in rows]
-        with connections() as conn:
-            outcome = act(conn, action, ids)
-        acted += outcome.acted
-        skipped += outcome.skipped
-        before = ids[-1]
-        if len(rows) < batch:
-            break
     return Outcome(acted=acted, skipped=skipped)
 
 

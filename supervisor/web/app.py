@@ -5,7 +5,8 @@ uvicorn, and that any ASGI application can mount under a path of its own
 (FastAPI: ``app.mount("/pgfence", create_app(dsn))``).  It reads and writes
 the database only through the store layer, on a small pool of its own,
 opened at the first request (a mounted app gets no lifespan events of its
-own) and closed by :meth:`Dashboard.close`.
+own) and closed by :meth:`Dashboard.close`; the runner of its bulk actions
+(:mod:`pgfence.web.bulk`) starts and stops with it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pgfence.web import auth
+from pgfence.web.bulk import BATCH, LEASE, REST
+from pgfence.web.bulk_pages import BulkPages
 from pgfence.web.dashboard import Dashboard
 from pgfence.web.views import Views
 
@@ -105,7 +108,8 @@ class Guard:
 
 
 def create_app(dsn: str, *, read_only: bool = False, redact_payloads: bool = False, password: str | None = None,
-               secret: bytes | None = None) -> Starlette:
+               secret: bytes | None = None, bulk_batch: int = BATCH, bulk_lease: float = LEASE,
+               bulk_rest: float = REST) -> Starlette:
     """The dashboard over the pgfence schema of ``dsn``.
 
     ``password``: required on every page (HTTP Basic or the login form);
@@ -114,20 +118,28 @@ def create_app(dsn: str, *, read_only: bool = False, redact_payloads: bool = Fal
     shown, every POST is refused.  ``redact_payloads``: no payload is shown.
     ``secret``: the key of the CSRF tokens and session cookies (random per
     process if None); give the same bytes to every process that serves the
-    dashboard behind one address.
+    dashboard behind one address.  ``bulk_batch``: jobs per transaction of
+    a bulk action; ``bulk_lease``: seconds before another runner may take
+    over an action whose runner stopped renewing it; ``bulk_rest``: after
+    each batch its runner rests this many times as long as the batch took
+    (0: batch after batch).
     """
     dashboard = Dashboard(dsn, read_only=read_only, redact_payloads=redact_payloads, password=password,
-                          secret=secret)
+                          secret=secret, bulk_batch=bulk_batch, bulk_lease=bulk_lease, bulk_rest=bulk_rest)
     views = Views(dashboard)
+    bulk_pages = BulkPages(views)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        # Served on its own, the app closes its pool at shutdown; mounted in
-        # another app, it gets no lifespan events: close() is the owner's.
+        # Served on its own, the app starts its runner of bulk actions at
+        # startup and closes it and its pool at shutdown; mounted in another
+        # app, it gets no lifespan events: the first request starts them,
+        # close() is the owner's.
+        dashboard.start()
         yield
         dashboard.close()
 
-    app = Starlette(routes=views.routes(), middleware=[Middleware(Guard, dashboard=dashboard)],
+    app = Starlette(routes=[*bulk_pages.routes(), *views.routes()], middleware=[Middleware(Guard, dashboard=dashboard)],
                     exception_handlers=views.exception_handlers(), lifespan=lifespan)
     app.state.dashboard = dashboard
     return app

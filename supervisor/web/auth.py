@@ -110,8 +110,8 @@ def password_matches(password: str, given: str) -> bool:
     return hmac.compare_digest(password.encode(), given.encode())
 
 
-def basic_password(header: str | None) -> str | None:
-    """The password of an ``Authorization: Basic`` header (any user name),
+def basic_credentials(header: str | None) -> tuple[str, str] | None:
+    """The user name and password of an ``Authorization: Basic`` header,
     or None when the header is absent or not Basic."""
     if not header:
         return None
@@ -122,5 +122,31 @@ def basic_password(header: str | None) -> str | None:
         decoded = base64.b64decode(value.strip(), validate=True).decode()
     except (binascii.Error, UnicodeDecodeError):
         return None
-    _user, sep, password = decoded.partition(":")
-    return password if sep else None
+    user, sep, password = decoded.partition(":")
+    return (user, password) if sep else None
+
+
+def basic_password(header: str | None) -> str | None:
+    """The password of an ``Authorization: Basic`` header (any user name),
+    or None when the header is absent or not Basic."""
+    credentials = basic_credentials(header)
+    return credentials[1] if credentials else None
+
+
+#: Who acts when nothing names the operator (as pauses are recorded).
+DASHBOARD_IDENTITY = "pgfence web"
+
+
+def operator(user: object, authorization: str | None, client: str | None) -> str:
+    """Who acts, as the audit of bulk actions records it: the user that an
+    application mounting the dashboard authenticated (Starlette's
+    ``request.user``, given as ``user``), else the user name sent with
+    HTTP Basic, else ``pgfence web``; then the client's address."""
+    name = None
+    if getattr(user, "is_authenticated", False):
+        name = str(getattr(user, "display_name", "") or "") or None
+    if name is None:
+        credentials = basic_credentials(authorization)
+        name = credentials[0] if credentials and credentials[0] else None
+    who = (name or DASHBOARD_IDENTITY)[:200]
+    return f"{who} from {client}" if client else who

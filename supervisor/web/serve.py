@@ -73,6 +73,9 @@ def run(sock: socket.socket, dsn: str, *, read_only: bool, redact_payloads: bool
     previous = {signum: signal.signal(signum, lambda number, _frame: stops.append(number))
                 for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
+        # The runner of bulk actions starts now, not at the first request:
+        # a restarted dashboard takes up the actions its predecessor left.
+        app.state.dashboard.start()
         server.run(sockets=[sock])
     finally:
         for signum, handler in previous.items():

@@ -67,8 +67,6 @@ class Views:
         return [
             Route("/", self.overview, name="overview"),
             Route("/jobs", self.jobs, name="jobs"),
-            Route("/jobs/bulk", self.bulk_confirm, methods=["GET"], name="bulk_confirm"),
-            Route("/jobs/bulk", self.bulk, methods=["POST"], name="bulk"),
             Route("/jobs/selected", self.selected, methods=["POST"], name="selected"),
             Route("/jobs/{id:int}", self.job, name="job"),
             Route("/jobs/{id:int}/{action}", self.job_action, methods=["POST"], name="job_action"),
@@ -216,39 +214,6 @@ class Views:
         next_query = urlencode(fields | {"before": str(rows[PAGE - 1].id)}) if len(rows) > PAGE else None
         return self.render(request, "jobs.html", rows=rows[:PAGE], where=where, fields=fields, problems=problems,
                            next_query=next_query, first=before is None, statuses=STATUSES, **data)
-
-    async def bulk_confirm(self, request: Request) -> Response:
-        self._refuse_read_only()
-        action = request.query_params.get("action", "")
-        if action not in actions.ELIGIBLE:
-            raise HTTPException(400, "unknown action")
-        where, problems = parse_filter(request.query_params)
-        if problems:
-            raise HTTPException(400, "; ".join(problems))
-        eligible = list(actions.ELIGIBLE[action])
-
-        def load(conn: psycopg.Connection[Any]) -> dict[str, Any]:
-            count, upto = store.jobs_count(conn, where, eligible)
-            return {"count": count, "upto": upto, "has_schedules": store.has_schedules(conn)}
-
-        data = await self.read(load)
-        return self.render(request, "bulk.html", action=action, eligible=eligible, where=where,
-                           fields=filter_fields(where), **data)
-
-    async def bulk(self, request: Request) -> Response:
-        form = await self.form(request)
-        action = str(form.get("action", ""))
-        if action not in actions.ELIGIBLE:
-            raise HTTPException(400, "unknown action")
-        where, problems = parse_filter(form)
-        if problems:
-            raise HTTPException(400, "; ".join(problems))
-        upto = parse_id(form.get("upto"))
-        if upto is None:
-            return self.redirect(request, "/jobs?" + urlencode(filter_fields(where)), "no job matched")
-        outcome = await run_in_threadpool(actions.act_on_filter, self.dashboard.connection, action, where,
-                                          upto=upto)
-        return self.redirect(request, "/jobs?" + urlencode(filter_fields(where)), actions.message(action, outcome))
 
     async def selected(self, request: Request) -> Response:
         form = await self.form(request)
