@@ -40,6 +40,11 @@ its fence (invisible on the site and on GitHub), directives separated by
     Runs with OLD replaced by NEW (a shorter run of the same command).
 ``env NAME=VALUE``
     An environment variable for this block.
+``free port N``
+    The block and the ones that continue it run with the port N (in their
+    text, environment and ``until GET`` URL) replaced by one that is free,
+    so that examples of the documented ports run side by side with anything
+    else on the machine.
 ``needs PROGRAM``
     Skipped, saying so, where PROGRAM is not installed (CI installs it).
 ``in repository``
@@ -87,6 +92,7 @@ class Example:
     env: dict[str, str] = field(default_factory=dict)
     needs: list[str] = field(default_factory=list)
     in_repository: bool = False
+    free_ports: list[int] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -153,6 +159,8 @@ def _apply(example: Example, body: str) -> None:
                 example.needs.append(program)
             case ["in", "repository"]:
                 example.in_repository = True
+            case ["free", "port", port] if port.isdigit():
+                example.free_ports.append(int(port))
             case _:
                 raise AnnotationError(f"{example.id}: unknown directive {' '.join(words)!r}")
 

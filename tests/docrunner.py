@@ -6,9 +6,11 @@ the run of one block.  The annotations are read by tests/docexamples.py.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -121,8 +123,9 @@ def _true(dsn: str, query: str) -> bool:
 class Background:
     """A long-running command of an example, and its output file."""
 
-    def __init__(self, example: Example, command: str, cwd: Path, env: dict[str, str], log: Path) -> None:
-        self.example, self.log, self.dsn = example, log, env["PGFENCE_DSN"]
+    def __init__(self, example: Example, command: str, cwd: Path, env: dict[str, str], log: Path,
+                 ready: tuple[str, str]) -> None:
+        self.example, self.log, self.dsn, self.ready = example, log, env["PGFENCE_DSN"], ready
         with log.open("wb") as out:
             # exec, so that the TERM reaches the command itself; env, so that
             # a command may start with VAR=value.
@@ -133,7 +136,7 @@ class Background:
         return self.log.read_text(errors="replace")
 
     def wait_ready(self) -> None:
-        kind, what = self.example.background or ("", "")
+        kind, what = self.ready
         deadline = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -168,13 +171,25 @@ class Chain:
         self.folder.mkdir()
         self.ran: list[str] = []
         self.background: list[Background] = []
+        self.ports: dict[int, int] = {}
+
+    def localize(self, example: Example, text: str) -> str:
+        """``text`` with the documented ports the chain runs elsewhere replaced."""
+        for port in example.free_ports:
+            if port not in self.ports:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    self.ports[port] = s.getsockname()[1]
+        for port, free in self.ports.items():
+            text = re.sub(rf"(?<!\d){port}(?!\d)", str(free), text)
+        return text
 
     def env(self, example: Example) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("PGFENCE_") and k not in ("DATABASE_URL", "PYTHONPATH")}
         env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", PGFENCE_DSN=self.dsn, PGFENCE_METRICS_PORT="0",
                    PGFENCE_HOME=str(self.root / "home"), PYTHONPATH=str(self.folder), PYTHONUNBUFFERED="1")
-        env.update(example.env)
+        env.update({name: self.localize(example, value) for name, value in example.env.items()})
         return env
 
     def stop(self) -> None:
@@ -239,27 +254,31 @@ def run(example: Example, chain: Chain) -> None:
             pytest.skip(f"{example.id} needs {program}, which is not installed here (.ci/run installs it)")
     if example.not_run:
         _check_not_run(example)
-    elif example.file:
+        chain.ran.append(example.id)
+        return
+    code = chain.localize(example, example.runnable_code())
+    if example.file:
         path = chain.folder / example.file
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(example.runnable_code(), encoding="utf-8")
+        path.write_text(code, encoding="utf-8")
         if path.suffix == ".py":
-            compile(example.runnable_code(), str(path), "exec")
+            compile(code, str(path), "exec")
     elif example.language == "sql":
-        _check_output(example, 0, _run_sql(chain.dsn, example.runnable_code()))
+        _check_output(example, 0, _run_sql(chain.dsn, code))
     elif example.background:
-        [command] = shell_lines(example.runnable_code())
-        bg = Background(example, command, chain.folder, chain.env(example), chain.root / f"bg-{example.line}.log")
+        [command] = shell_lines(code)
+        kind, what = example.background
+        bg = Background(example, command, chain.folder, chain.env(example), chain.root / f"bg-{example.line}.log",
+                        (kind, chain.localize(example, what)))
         chain.background.append(bg)
         bg.wait_ready()
     else:
         expected: list[str] = []
         if example.language == "python":
             script = chain.root / f"example-{example.line}.py"
-            script.write_text(example.runnable_code(), encoding="utf-8")
+            script.write_text(code, encoding="utf-8")
             argv = [sys.executable, str(script)]
         else:
-            code = example.runnable_code()
             if example.language == "console":
                 code, expected = console_commands(code)
             argv = ["bash", "-e", "-o", "pipefail", "-c", code]

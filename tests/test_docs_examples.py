@@ -23,7 +23,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import BACKENDS, SERVER_DSN
-from docexamples import Example, chain_end, chain_of, collect_all
+from docexamples import (
+    AnnotationError, Example, chain_end, chain_of, collect, collect_all, console_commands, output_matches,
+)
 from docrunner import Chain, Databases, run
 
 EXAMPLES = collect_all()
@@ -140,3 +142,47 @@ def test_example(example, chains):
 
 def test_the_examples_not_run_are_exactly_these():
     assert [(e.page, e.not_run) for e in EXAMPLES if e.not_run] == NOT_RUN
+
+
+# -- the collector (no database) -----------------------------------------------------
+
+
+def _page(tmp_path, text: str):
+    (tmp_path / "docs").mkdir(exist_ok=True)
+    path = tmp_path / "docs" / "page.md"
+    path.write_text(text)
+    return collect(path, tmp_path)
+
+
+def test_annotations_are_read_and_mistakes_refused(tmp_path):
+    [first, second] = _page(tmp_path, """Text.
+
+<!-- example: file jobs.py -->
+```toml title="jobs.toml"
+a = 1
+```
+
+<!-- example: continues previous; background until "up and running"; exit -15; free port 8465; env "A=b c" -->
+```sh
+  serve --port 8465
+```
+""")
+    assert (first.id, first.file, first.language) == ("docs/page.md:4", "jobs.py", "toml")
+    assert second.continues and second.background == ("text", "up and running") and second.exit == -15
+    assert second.free_ports == [8465] and second.env == {"A": "b c"}
+    for wrong, message in [
+        ("<!-- example: frobnicate -->\n```sh\nls\n```\n", "unknown directive"),
+        ("<!-- example: exit 1 -->\nsome text\n", "before no example"),
+        ("<!-- example: exit 1 -->\n```text\nls\n```\n", "can only be a file"),
+        ("<!-- example: not run: -->\n```sh\nls\n```\n", "needs a reason"),
+        ("<!-- example: continues previous -->\n```sh\nls\n```\n", "continues nothing"),
+    ]:
+        with pytest.raises(AnnotationError, match=message):
+            _page(tmp_path, wrong)
+
+
+def test_a_console_block_is_its_commands_and_the_output_they_show():
+    script, shown = console_commands("$ pgfence status \\\n    --json\n{\"a\": 1}\n...\n$ echo done\ndone\n")
+    assert script == "pgfence status \\\n    --json\necho done\n" and shown == ['{"a": 1}', "...", "done"]
+    assert output_matches(shown, '{"a":   1}\nother\ndone\n') is None
+    assert output_matches(["done", '{"a": 1}'], '{"a": 1}\ndone\n') == '{"a": 1}'
