@@ -56,12 +56,21 @@ def test_the_site_builds_strict_with_the_generated_pages(site):
     assert (site / "repo" / "deploy" / "systemd" / "pgfence.service").exists()
 
 
-def test_every_function_of_the_schema_is_one_the_migrations_define(conn):
+def test_every_function_and_table_of_the_schema_is_in_the_sql_reference(conn):
     """The SQL reference lists what reference.sql_functions() reads from
     the migrations (test above): that is every function of schema pgfence."""
     rows = conn.execute("SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
                         "WHERE n.nspname = %s", ("pgfence",)).fetchall()
     assert sorted(f"pgfence.{name}" for (name,) in rows) == sorted(reference.sql_functions())
+    # And the page's table of what to read names every table and view (a
+    # day partition of history is job_history's).
+    page = (DOCS / "reference" / "sql.md").read_text()
+    table = page[page.index("## What to read"):page.index("## `pgfence.complete_fenced`")]
+    relations = conn.execute("SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                             "WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'v') AND NOT c.relispartition",
+                             ("pgfence",)).fetchall()
+    for (name,) in relations:
+        assert f"`pgfence.{name}`" in table, f"docs/reference/sql.md does not say what pgfence.{name} holds"
     enqueue = reference.sql_functions()["pgfence.enqueue"]
     assert "p_dedupe_key" in enqueue.signature and enqueue.signature.endswith("RETURNS bigint")
 
