@@ -8,9 +8,10 @@ Every test that takes ``dsn`` runs against each backend in
 - ``embedded``: pgfence's embedded PostgreSQL 18, started once per session
   in a temporary folder and stopped at the end.
 
-When both backends run, the modules in ``SERVER_ONLY_WHEN_BOTH`` (they
-drive processes, signals and timing, which do not depend on the server's
-version) run on the server alone, so the default command stays near ten
+When both backends run, the modules in ``SERVER_ONLY_WHEN_BOTH`` and the
+tests marked ``server_only`` (they drive processes, signals, timing or the
+command line's parsing, which do not depend on the server's version) run on
+the server alone, so the default command stays near ten
 minutes on two cores; everything that speaks version-dependent SQL (claims,
 the fence, migrations, enqueue, kinds, plans) runs on both.
 ``PGFENCE_TEST_EMBEDDED=all`` runs every test on both backends.
@@ -51,13 +52,23 @@ SERVER_ONLY_WHEN_BOTH = frozenset({
 })
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "server_only: with both backends, run on the server alone (the test drives processes or "
+        "the command line, not version-dependent SQL), as the modules in SERVER_ONLY_WHEN_BOTH")
+
+
+def _server_only(item: pytest.Item) -> bool:
+    return item.module.__name__ in SERVER_ONLY_WHEN_BOTH or item.get_closest_marker("server_only") is not None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if len(BACKENDS) < 2 or os.environ.get("PGFENCE_TEST_EMBEDDED") == "all":
         return
     dropped = [item for item in items
                if getattr(item, "callspec", None) is not None
                and item.callspec.params.get("backend") == "embedded"
-               and item.module.__name__ in SERVER_ONLY_WHEN_BOTH]
+               and _server_only(item)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         chosen = set(map(id, dropped))

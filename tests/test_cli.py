@@ -137,6 +137,7 @@ BAD_INPUT = [
 ]
 
 
+@pytest.mark.server_only   # 40 command lines refused before any statement is sent
 def test_bad_input_is_one_line_nonzero_and_writes_nothing(dsn, conn, tmp_path):
     # A queued job that a `work --burst` which failed to validate would run.
     seeded = enqueue(conn, "effect", {"seconds": 0})

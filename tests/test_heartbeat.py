@@ -627,7 +627,9 @@ def test_a_deadline_passing_while_a_renewal_waits_for_its_answer_is_renewal_fail
     watcher or the holder's own check(), must call it renewal_failed.  The
     reason used to be decided by a race: a check() a few milliseconds before
     the watcher said "expired" (CI failed on it once)."""
-    queue, kind, length = "hb-in-flight", "effect", 30.0
+    # A 6 s lease: an interval of 2 s, so the stop at the end waits out a
+    # connection timeout of 2 s, not 10.
+    queue, kind, length = "hb-in-flight", "effect", 6.0
     server = socket.create_server(("127.0.0.1", 0))
     try:
         manager = managers(f"postgresql://postgres@127.0.0.1:{server.getsockname()[1]}/pgfence",
@@ -637,7 +639,7 @@ def test_a_deadline_passing_while_a_renewal_waits_for_its_answer_is_renewal_fail
         assert lease.expiry_reason() == "expired"      # nothing sent yet
         manager.start()
         # The round waits for a connection that never completes; the lease
-        # stays held (its deadline is 30 s away) and its reason is settled.
+        # stays held (its deadline is 6 s away) and its reason is settled.
         wait_for(lambda: lease.failing, timeout=5, message="the round in flight marks its leases")
         assert lease.lost_reason is None
         assert lease.expiry_reason() == "renewal_failed"

@@ -74,9 +74,11 @@ def one_worker_with_metrics_dir(backend, dsn, conn, runs, tmp_path):
     return run, metrics_dir
 
 
-def test_two_hundred_restarts_leave_no_per_process_series(backend, dsn, conn, runs, tmp_path):
+@pytest.mark.parametrize("restarts", [pytest.param(40, id="40"), pytest.param(200, id="200", marks=pytest.mark.slow)])
+def test_many_restarts_leave_no_per_process_series(backend, dsn, conn, runs, tmp_path, restarts):
+    """Forty restarts in the default suite (every dead child's files merged
+    and its live gauges removed), two hundred with -m slow (.ci/run)."""
     run, metrics_dir = one_worker_with_metrics_dir(backend, dsn, conn, runs, tmp_path)
-    restarts = 200
     for i in range(restarts):
         pids = worker_pids(run.proc.pid)
         assert len(pids) == 1

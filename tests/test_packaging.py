@@ -168,6 +168,7 @@ for name in sys.argv[1:]:
 """
 
 
+@pytest.mark.server_only   # what is installed where; the server only answers pgfence run
 def test_pgfence_and_supervisord_install_side_by_side(wheel, dsn, conn, tmp_path):
     """pgfence no longer installs a top-level ``supervisor`` (nor
     ``handlers``) package: in a fresh virtual environment holding only

@@ -128,6 +128,24 @@ def page(browse: Callable[..., Page]) -> Page:
     return browse()
 
 
+def left(old: WebElement) -> Callable[[Any], bool]:
+    """EC.staleness_of(old), but also true when Chromium answers the look at
+    the old page's node with "unhandled inspector error: Node with given id
+    does not belong to the document" instead of a stale element (seen in a
+    suite run two at a time): that, too, says the old page is gone."""
+    def gone(_driver: Any) -> bool:
+        try:
+            old.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as exc:
+            if "does not belong to the document" in str(exc):
+                return True
+            raise
+        return False
+    return gone
+
+
 class Page:
     """The browser on one dashboard, with the UI contract's selectors."""
 
@@ -144,7 +162,7 @@ class Page:
         """Press a form's button and wait for the page it leads to."""
         old = self.driver.find_element(By.TAG_NAME, "html")
         button.click()
-        WebDriverWait(self.driver, 15).until(EC.staleness_of(old))
+        WebDriverWait(self.driver, 15).until(left(old))
 
     def press(self, css: str) -> None:
         """Press the button ``css`` and wait for the page it leads to.  A
@@ -162,7 +180,7 @@ class Page:
                 if not refused or not tries_left:
                     raise
                 continue
-            WebDriverWait(self.driver, 15).until(EC.staleness_of(old))
+            WebDriverWait(self.driver, 15).until(left(old))
             return
 
     def until(self, condition: Callable[[], Any], path: str | None = None, timeout: float = 30,
