@@ -42,15 +42,6 @@ NOT_RUN = [
      'needs podman and a while to build the image; .ci/container runs these lines in CI'),
     ('docs/how-to/deploy-kubernetes.md', 'needs a Kubernetes cluster (kubectl, kustomize)'),
     ('docs/how-to/deploy-systemd.md', 'needs a systemd host and root (systemctl, /etc/systemd/system)'),
-    ('docs/how-to/load-testing.md',
-     '2,000 jobs, two supervisors and a fault every 2 s; tests/test_loadtest.py runs short seeded runs '
-     'with every fault'),
-    ('docs/how-to/load-testing.md',
-     '256 worker processes through PgBouncer for over a minute; the slow test -k pgbouncer runs a smaller '
-     'one'),
-    ('docs/how-to/load-testing.md',
-     '2,000 jobs with every fault, about 50 s; tests/test_loadtest.py runs a 200-job one'),
-    ('docs/how-to/load-testing.md', '200,000 jobs, about 40 s; the slow test -k 200k runs it'),
     ('docs/how-to/run-the-tests.md',
      "it is the test suite itself, which runs this page's other examples; .ci/run runs it"),
     ('docs/tutorial/first-job.md',
