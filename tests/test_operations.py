@@ -136,7 +136,10 @@ def test_a_running_supervisor_keeps_its_row_with_its_children_and_their_jobs_and
         conn, dsn, runs):
     # A short drain at the end: the job below sleeps 30 s.
     run = runs(dsn, "--workers", "2", "--queues", "default", "--graceful-timeout", "0.5")
-    up = wait_for(lambda: operations.supervisors_up(conn), timeout=20, message="the supervisor's row")
+    # The row is written every few seconds: its first may list one child
+    # when the second was still starting (seen with two tests at a time).
+    up = wait_for(lambda: (rows := operations.supervisors_up(conn)) and len(rows[0].children) == 2 and rows,
+                  timeout=20, message="the supervisor's row with its two children")
     [row] = up
     assert (row.host, row.pid, row.workers) == (socket.gethostname(), run.proc.pid, 2)
     assert row.version and row.seen_ago < 10
