@@ -143,6 +143,11 @@ def goals(series: dict[str, Series], metrics: dict) -> list[dict]:
         page = max((ms, label) for label, ms in w["pages_ms"].items() if label.startswith("jobs"))
         goal(f"dashboard job list, {w['jobs']:,} jobs (slowest of first and 50th pages)", "< 200 ms", page[0],
              page[0] < 200, page[1], "ms")
+    b = metrics.get("bulk")
+    if b:
+        goal(f"dashboard bulk retry of {b['jobs']:,} failed jobs: the POST answers", "< 1 s", b["post_s"] * 1000,
+             b["post_s"] < 1 and b["state"] == "done" and b["acted"] == b["jobs"],
+             f"{b['state']}, {b['acted']:,} retried in {b['duration_s']:.1f} s", "ms")
     c = metrics.get("claim")
     if c:
         goal("claim with 1M finished rows vs empty", f"<= {GOALS['claim_1m_ratio']:.2f}x", c["ratio"],
@@ -423,6 +428,15 @@ def markdown(report: dict) -> str:
         w = met["web"]
         rows.append((f"dashboard pages over {w['jobs']:,} jobs (`pgfence web`, median)",
                      "; ".join(f"{label} {ms:.1f} ms" for label, ms in w["pages_ms"].items())))
+    if "bulk" in met:
+        b = met["bulk"]
+        lat = [b[f"latency_{w}"] for w in ("before", "during")]
+        rows.append((f"dashboard bulk retry of {b['jobs']:,} failed jobs, a stream of {b['rate']:g} jobs/s claimed "
+                     "meanwhile (`bench/bulk_retry.py`)",
+                     (f"POST {b['post_s'] * 1000:.1f} ms; {b['acted']:,} retried in {b['duration_s']:.1f} s "
+                      f"({b['rows_per_s']:,.0f} rows/s, {b['batches']} batches); the stream's claim latency p50/p99/max "
+                      f"{lat[0]['p50_ms']:.2f}/{lat[0]['p99_ms']:.2f}/{lat[0]['max_ms']:.1f} ms before, "
+                      f"{lat[1]['p50_ms']:.2f}/{lat[1]['p99_ms']:.2f}/{lat[1]['max_ms']:.1f} ms during")))
     if "claim" in met:
         c = met["claim"]
         rows.append((f"claim one job with {c['finished_rows']:,} finished rows vs an empty table",

@@ -641,6 +641,15 @@ class Bench:
             raise RuntimeError(proc.stderr.strip()[-500:])
         w = self.metrics["web"] = json.loads(proc.stdout.strip().splitlines()[-1])
         log("  " + ", ".join(f"{label} {ms:.1f} ms" for label, ms in w["pages_ms"].items()))
+        log(f"a bulk retry of {jobs:,} failed jobs from the dashboard, a stream claimed meanwhile: bench/bulk_retry.py")
+        proc = subprocess.run([str(self.pgfence.python), str(BENCH / "bulk_retry.py"), "--dsn", self.args.admin_dsn,
+                               "--jobs", str(jobs), "--json"], capture_output=True, text=True, cwd=BENCH,
+                              env=self.pgfence.env, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr.strip()[-500:])
+        b = self.metrics["bulk"] = json.loads(proc.stdout.strip().splitlines()[-1])
+        log(f"  POST {b['post_s'] * 1000:.1f} ms, {b['acted']:,} retried in {b['duration_s']:.1f} s; claim latency "
+            f"p99 {b['latency_before']['p99_ms']:.2f} ms before, {b['latency_during']['p99_ms']:.2f} ms during")
 
     # -- memory ----------------------------------------------------------------------------
 
