@@ -30,7 +30,7 @@ if TYPE_CHECKING:
         UnknownHandler,
     )
     from pgfence.job import Job
-    from pgfence.producer import enqueue
+    from pgfence.producer import aenqueue, enqueue
     from pgfence.registry import handler, periodic
 
     #: The installed distribution's version.
@@ -49,6 +49,7 @@ _EXPORTS = {
     "TransactionConflict": "errors",
     "UnknownHandler": "errors",
     "Job": "job",
+    "aenqueue": "producer",
     "enqueue": "producer",
     "handler": "registry",
     "periodic": "registry",
@@ -69,6 +70,7 @@ __all__ = [
     "TransactionConflict",
     "UnknownHandler",
     "__version__",
+    "aenqueue",
     "enqueue",
     "handler",
     "periodic",

@@ -6,6 +6,10 @@
         conn.execute("INSERT INTO orders ...")
         enqueue(conn, "send_receipt", {"order_id": 42})
 
+    async with aconn.transaction():          # a psycopg.AsyncConnection
+        await aconn.execute("INSERT INTO orders ...")
+        await aenqueue(aconn, "send_receipt", {"order_id": 42})
+
 The job is committed with the caller's write or rolled back with it.  The SQL
 function ``pgfence.enqueue(...)`` does the same for producers in any language.
 """
@@ -25,7 +29,7 @@ from pgfence.store import db
 from pgfence import names
 from pgfence import registry
 from pgfence.errors import ConfigError
-from pgfence.store import jobs
+from pgfence.store import client
 
 _INT4_MIN, _INT4_MAX = -(2**31), 2**31 - 1
 
@@ -55,8 +59,41 @@ def enqueue(
     those a worker recorded in ``pgfence.kinds`` (applied by the database),
     else to ``default``, 5 and 3.  An explicit value always wins.  With a
     ``dedupe_key`` the id of the live (queued or running) job holding that key
-    is returned instead of a new one.
+    is returned instead of a new one.  Bad input raises :class:`ConfigError`
+    before anything is sent.
     """
+    params = _params(kind, payload, queue=queue, priority=priority, run_at=run_at, delay=delay,
+                     max_attempts=max_attempts, max_reclaims=max_reclaims, dedupe_key=dedupe_key)
+    with db.translated():
+        return client.enqueue(conn, params)
+
+
+async def aenqueue(
+    aconn: psycopg.AsyncConnection[Any],
+    kind: str,
+    payload: JSON = None,
+    *,
+    queue: str | None = None,
+    priority: int = 0,
+    run_at: dt.datetime | None = None,
+    delay: float | None = None,
+    max_attempts: int | None = None,
+    max_reclaims: int | None = None,
+    dedupe_key: str | None = None,
+) -> int:
+    """:func:`enqueue` on a ``psycopg.AsyncConnection``: the same options,
+    defaults and errors, in the caller's transaction."""
+    params = _params(kind, payload, queue=queue, priority=priority, run_at=run_at, delay=delay,
+                     max_attempts=max_attempts, max_reclaims=max_reclaims, dedupe_key=dedupe_key)
+    with db.translated():
+        return await client.aenqueue(aconn, params)
+
+
+def _params(kind: str, payload: JSON, *, queue: str | None, priority: int, run_at: dt.datetime | None,
+            delay: float | None, max_attempts: int | None, max_reclaims: int | None,
+            dedupe_key: str | None) -> client.EnqueueParams:
+    """One job's checked statement parameters, its kind's registered
+    options applied; :class:`ConfigError` on bad input."""
     names.check(kind, "kind")
     if queue is not None:
         names.check(queue, "queue")
@@ -86,19 +123,17 @@ def enqueue(
         queue = queue or spec.queue
         max_attempts = max_attempts if max_attempts is not None else spec.max_attempts
         max_reclaims = max_reclaims if max_reclaims is not None else spec.max_reclaims
-    with db.translated():
-        return jobs.enqueue(
-            conn,
-            kind=kind,
-            payload=Jsonb(payload if payload is not None else {}),
-            queue=queue or None,   # None: the database applies the kind's queue
-            priority=priority,
-            run_at=run_at,
-            delay=float(delay or 0.0),
-            max_attempts=max_attempts,
-            dedupe_key=dedupe_key,
-            max_reclaims=max_reclaims,
-        )
+    return {
+        "kind": kind,
+        "payload": Jsonb(payload if payload is not None else {}),
+        "queue": queue or None,   # None: the database applies the kind's queue
+        "priority": priority,
+        "run_at": run_at,
+        "delay": float(delay or 0.0),
+        "max_attempts": max_attempts,
+        "dedupe_key": dedupe_key,
+        "max_reclaims": max_reclaims,
+    }
 
 
 def _has_nul(value: object) -> bool:

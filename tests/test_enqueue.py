@@ -3,6 +3,7 @@ function and the CLI's options."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import threading
 
@@ -11,7 +12,7 @@ import pytest
 
 import pgfence.handlers.builtin  # noqa: F401 - registers noop & co. before the registry snapshot
 from pgtools import finish, job_row, pgfence, scalar, wait_for
-from pgfence import ConfigError, enqueue, handler
+from pgfence import ConfigError, DatabaseError, aenqueue, enqueue, handler
 from pgfence.job import idempotency_key
 
 UTC = dt.timezone.utc
@@ -247,3 +248,83 @@ def test_cli_enqueue_options_set_the_row_exactly(dsn, conn):
     assert dup.returncode == 0, dup.stderr
     assert int(dup.stdout) == job_id and count_jobs(conn) == 4
     assert job_row(conn, job_id)["payload"] == {"x": [1, 2], "s": "\u00e9"}   # the first enqueue's
+
+
+# -- aenqueue: the same on a psycopg.AsyncConnection --------------------------------------
+
+
+def arun(dsn: str, body):
+    """Run ``body(aconn)`` on a fresh async connection (not autocommit,
+    as an application's would be), in an event loop of its own."""
+    async def main():
+        async with await psycopg.AsyncConnection.connect(dsn) as aconn:
+            return await body(aconn)
+
+    return asyncio.run(main())
+
+
+def test_aenqueue_writes_the_row_enqueue_writes_and_commits_or_rolls_back_with_the_caller(dsn, conn):
+    conn.execute("CREATE TABLE public.orders (id int PRIMARY KEY)")
+    options = {"queue": "mail", "priority": 3, "max_attempts": 2, "max_reclaims": 1, "dedupe_key": "o-1"}
+    sync_id = enqueue(conn, "noop", {"order": 1}, **options)
+
+    async def both(aconn):
+        async with aconn.transaction():
+            await aconn.execute("INSERT INTO public.orders VALUES (1)")
+            job_id = await aenqueue(aconn, "noop", {"order": 2}, **{**options, "dedupe_key": "o-2"})
+        with pytest.raises(RuntimeError, match="declined"):
+            async with aconn.transaction():
+                await aconn.execute("INSERT INTO public.orders VALUES (2)")
+                await aenqueue(aconn, "noop", {"order": 3}, queue="rolled_back")
+                raise RuntimeError("declined")
+        # A live job's dedupe key returns its id, as enqueue does.
+        again = await aenqueue(aconn, "noop", {"order": 9}, dedupe_key="o-1")
+        await aconn.commit()
+        return job_id, again
+
+    async_id, again = arun(dsn, both)
+    assert again == sync_id
+    sync_row, async_row = columns(job_row(conn, sync_id)), columns(job_row(conn, async_id))
+    assert async_row == {**sync_row, "payload": {"order": 2}, "dedupe_key": "o-2"}
+    assert (async_row["queue"], async_row["priority"], async_row["max_attempts"], async_row["max_reclaims"],
+            async_row["status"]) == ("mail", 3, 2, 1, "queued")
+    assert [r[0] for r in conn.execute("SELECT id FROM public.orders")] == [1]
+    assert [r[0] for r in conn.execute("SELECT id FROM pgfence.all_jobs ORDER BY id")] == [sync_id, async_id]
+
+
+def test_aenqueue_applies_the_handlers_options_and_refuses_bad_input_before_writing(dsn, conn):
+    @handler("t_async_defaults", queue="reports", max_attempts=7, max_reclaims=0)
+    async def defaults(job):
+        pass
+
+    async def bad(aconn):
+        messages = []
+        for kwargs in ({"delay": -1}, {"max_attempts": 0}, {"priority": 2**31},
+                       {"payload": {"x": float("nan")}}, {"queue": "no spaces"}, {"kind": ""}):
+            kind, payload = kwargs.pop("kind", "noop"), kwargs.pop("payload", None)
+            with pytest.raises(ConfigError) as caught:
+                await aenqueue(aconn, kind, payload, **kwargs)
+            messages.append(str(caught.value).split(":")[0])
+        job_id = await aenqueue(aconn, "t_async_defaults")
+        await aconn.commit()
+        return messages, job_id
+
+    messages, job_id = arun(dsn, bad)
+    assert messages == ["invalid delay", "invalid max-attempts", "invalid priority",
+                        "payload is not JSON-serialisable", "invalid queue name 'no spaces'", "invalid kind name ''"]
+    row = job_row(conn, job_id)
+    assert (row["queue"], row["max_attempts"], row["max_reclaims"]) == ("reports", 7, 0)
+    assert count_jobs(conn) == 1
+
+
+def test_aenqueue_on_a_broken_connection_raises_pgfence_errors(dsn, conn):
+    async def gone(aconn):
+        pid = (await (await aconn.execute("SELECT pg_backend_pid()")).fetchone())[0]
+        await aconn.commit()
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        await aenqueue(aconn, "noop")
+
+    with pytest.raises(DatabaseError) as caught:
+        arun(dsn, gone)
+    assert not isinstance(caught.value, psycopg.Error)
+    assert count_jobs(conn) == 0

@@ -21,7 +21,6 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from pgfence.backoff import Backoff
 from pgfence.store import db
@@ -294,16 +293,3 @@ def still_owned(conn: psycopg.Connection, job_id: int, attempt: int) -> bool:
     row = conn.execute(q("still_owned"), {"id": job_id, "attempt": attempt}).fetchone()
     return row is not None and bool(row[0])
 
-
-def enqueue(conn: psycopg.Connection, *, kind: str, payload: Jsonb, queue: str | None, priority: int,
-            run_at: datetime.datetime | None, delay: float, max_attempts: int | None, dedupe_key: str | None,
-            max_reclaims: int | None) -> int:
-    """Enqueue one job in the caller's transaction; its id.  A None queue,
-    max_attempts or max_reclaims takes the kind's registered option."""
-    row = conn.execute(q("enqueue"), {"kind": kind, "payload": payload, "queue": queue, "priority": priority,
-                                      "run_at": run_at, "delay": delay, "max_attempts": max_attempts,
-                                      "dedupe_key": dedupe_key, "max_reclaims": max_reclaims}).fetchone()
-    if row is None:   # a SELECT of one function call always returns its row
-        raise AssertionError("enqueue returned no row")
-    job_id: int = row[0]
-    return job_id
