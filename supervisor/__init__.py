@@ -4,6 +4,10 @@ The handler API::
 
     from pgfence import handler, Job, AsyncJob, LeaseLost
 
+The client API::
+
+    from pgfence import enqueue, aenqueue, enqueue_many, get_job, aget_job, cancel, retry
+
 The names are loaded on first use (PEP 562), so that ``pgfence run`` can set
 up Prometheus's multiprocess directory before any module imports
 prometheus_client.  Type checkers read the imports under ``TYPE_CHECKING``
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pgfence.asyncjob import AsyncJob
+    from pgfence.client import JobInfo, aget_job, cancel, get_job, retry
     from pgfence.errors import (
         ConfigError,
         DatabaseError,
@@ -30,7 +35,7 @@ if TYPE_CHECKING:
         UnknownHandler,
     )
     from pgfence.job import Job
-    from pgfence.producer import aenqueue, enqueue
+    from pgfence.producer import aenqueue, enqueue, enqueue_many
     from pgfence.registry import handler, periodic
 
     #: The installed distribution's version.
@@ -38,6 +43,11 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "AsyncJob": "asyncjob",
+    "JobInfo": "client",
+    "aget_job": "client",
+    "cancel": "client",
+    "get_job": "client",
+    "retry": "client",
     "ConfigError": "errors",
     "DatabaseError": "errors",
     "DatabaseUnavailable": "errors",
@@ -51,6 +61,7 @@ _EXPORTS = {
     "Job": "job",
     "aenqueue": "producer",
     "enqueue": "producer",
+    "enqueue_many": "producer",
     "handler": "registry",
     "periodic": "registry",
 }
@@ -62,6 +73,7 @@ __all__ = [
     "DatabaseError",
     "DatabaseUnavailable",
     "Job",
+    "JobInfo",
     "LeaseLost",
     "PayloadRejected",
     "PgfenceError",
@@ -71,9 +83,14 @@ __all__ = [
     "UnknownHandler",
     "__version__",
     "aenqueue",
+    "aget_job",
+    "cancel",
     "enqueue",
+    "enqueue_many",
+    "get_job",
     "handler",
     "periodic",
+    "retry",
 ]
 
 

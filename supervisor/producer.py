@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from pgfence.scheduling.schedule import TICK_KEY_PREFIX
 from pgfence.store import db
@@ -89,16 +88,62 @@ async def aenqueue(
         return await client.aenqueue(aconn, params)
 
 
+#: The fields a job of :func:`enqueue_many` may give: enqueue's arguments.
+FIELDS = frozenset({"kind", "payload", "queue", "priority", "run_at", "delay", "max_attempts", "max_reclaims",
+                    "dedupe_key"})
+
+
+def enqueue_many(conn: psycopg.Connection[Any], jobs: Iterable[Mapping[str, Any]]) -> list[int]:
+    """Enqueue many jobs on ``conn`` in the caller's transaction; their ids,
+    in the order given.
+
+    Each job is a mapping of :func:`enqueue`'s arguments by name
+    (``{"kind": "send_receipt", "payload": {...}, "queue": "mail"}``;
+    ``kind`` is required), with the same defaults.  The jobs go in one
+    statement per ``client.MANY_CHUNK`` (10,000) jobs, not one per job.  A
+    job whose dedupe key a live job of its kind holds (or an earlier job of
+    the same call) gets that job's id, as with :func:`enqueue`.  Bad input
+    raises :class:`ConfigError` naming the job (``job 3: invalid delay:
+    ...``) before anything is sent.
+    """
+    batch: list[client.EnqueueParams] = []
+    for n, job in enumerate(jobs):
+        if not isinstance(job, Mapping):
+            raise ConfigError(f"job {n}: must be a mapping of enqueue's arguments, got {type(job).__name__}")
+        unknown = job.keys() - FIELDS
+        if unknown:
+            raise ConfigError(f"job {n}: unknown field(s): {', '.join(sorted(map(str, unknown)))}")
+        if "kind" not in job:
+            raise ConfigError(f"job {n}: no kind")
+        try:
+            batch.append(_params(job["kind"], job.get("payload"), queue=job.get("queue"),
+                                 priority=job.get("priority", 0), run_at=job.get("run_at"), delay=job.get("delay"),
+                                 max_attempts=job.get("max_attempts"), max_reclaims=job.get("max_reclaims"),
+                                 dedupe_key=job.get("dedupe_key")))
+        except ConfigError as exc:
+            raise ConfigError(f"job {n}: {exc}") from None
+    with db.translated():
+        return client.enqueue_many(conn, batch)
+
+
 def _params(kind: str, payload: JSON, *, queue: str | None, priority: int, run_at: dt.datetime | None,
             delay: float | None, max_attempts: int | None, max_reclaims: int | None,
             dedupe_key: str | None) -> client.EnqueueParams:
     """One job's checked statement parameters, its kind's registered
     options applied; :class:`ConfigError` on bad input."""
     names.check(kind, "kind")
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ConfigError(f"invalid priority: must be a whole number, got {priority!r}")
     if queue is not None:
         names.check(queue, "queue")
+    if dedupe_key is not None and not isinstance(dedupe_key, str):
+        raise ConfigError(f"invalid dedupe key: must be a string, got {dedupe_key!r}")
     if dedupe_key is not None and dedupe_key.startswith(TICK_KEY_PREFIX):
         raise ConfigError(f"invalid dedupe key: {TICK_KEY_PREFIX!r} is reserved for the jobs of schedules")
+    if delay is not None and (not isinstance(delay, int | float) or isinstance(delay, bool)):
+        raise ConfigError(f"invalid delay: must be a number of seconds, got {delay!r}")
+    if run_at is not None and not isinstance(run_at, dt.datetime):
+        raise ConfigError(f"invalid run_at: must be a datetime, got {run_at!r}")
     if delay is not None and run_at is not None:
         raise ConfigError("give delay or run_at, not both")
     if delay is not None and delay < 0:
@@ -110,13 +155,16 @@ def _params(kind: str, payload: JSON, *, queue: str | None, priority: int, run_a
     # The columns are 32-bit integers; a larger Python int would be sent as a
     # bigint, for which no pgfence.enqueue(...) signature exists.
     for name, value in (("priority", priority), ("max-attempts", max_attempts), ("max-reclaims", max_reclaims)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ConfigError(f"invalid {name}: must be a whole number, got {value!r}")
         if value is not None and not _INT4_MIN <= value <= _INT4_MAX:
             raise ConfigError(f"invalid {name}: must be between {_INT4_MIN} and {_INT4_MAX}, got {value}")
     try:
-        json.dumps(payload if payload is not None else {}, allow_nan=False)
+        text = json.dumps(payload if payload is not None else {}, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"payload is not JSON-serialisable: {exc}") from None
-    if _has_nul(payload):
+    # json.dumps writes NUL as \\u0000; the walk tells it from an escaped backslash.
+    if "\\u0000" in text and _has_nul(payload):
         raise ConfigError("invalid payload: a string holds a NUL character (\\u0000), which jsonb cannot store")
     spec = registry.find(kind)
     if spec is not None:
@@ -125,7 +173,7 @@ def _params(kind: str, payload: JSON, *, queue: str | None, priority: int, run_a
         max_reclaims = max_reclaims if max_reclaims is not None else spec.max_reclaims
     return {
         "kind": kind,
-        "payload": Jsonb(payload if payload is not None else {}),
+        "payload": text,
         "queue": queue or None,   # None: the database applies the kind's queue
         "priority": priority,
         "run_at": run_at,

@@ -13,8 +13,8 @@ import psycopg
 
 from metricstools import holder_pid
 from pgtools import scalar, wait_for
+from pgfence import client
 from pgfence import Job, enqueue, handler
-from pgfence.admin import commands as admin
 from pgfence.worker import retention
 
 
@@ -93,7 +93,7 @@ def test_a_cancel_while_running_and_the_refused_completion_are_both_recorded(con
     @handler("cancelled-under-me")
     def cancelled_under_me(job: Job) -> None:
         with psycopg.connect(dsn, autocommit=True) as other:
-            assert admin.cancel(other, [job.id]) == [job.id]
+            assert client.cancel(other, [job.id]) == [job.id]
         if isinstance(job.payload, dict) and job.payload.get("fenced"):
             with job.fenced() as c:        # refused: the transaction is rolled back
                 c.execute("SELECT 1")
@@ -112,7 +112,7 @@ def test_a_cancel_while_running_and_the_refused_completion_are_both_recorded(con
                             (job_id,)).fetchall() == [("cancelled", "w-cancel")]
     # A queued job cancelled had no attempt: no row.
     queued = enqueue(conn, "noop")
-    assert admin.cancel(conn, [queued]) == [queued]
+    assert client.cancel(conn, [queued]) == [queued]
     assert attempts(conn, queued) == []
 
 
@@ -188,7 +188,7 @@ def test_an_async_job_whose_batched_completion_is_refused_is_recorded(conn, dsn)
     @handler("async-cancelled-under-me")
     async def cancelled_under_me(job: AsyncJob) -> None:
         with psycopg.connect(dsn, autocommit=True) as other:
-            assert admin.cancel(other, [job.id]) == [job.id]
+            assert client.cancel(other, [job.id]) == [job.id]
 
     job_id = enqueue(conn, "async-cancelled-under-me")
     worker = make_worker(dsn, Settings(renew=False), name="w-async")

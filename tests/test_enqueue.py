@@ -12,7 +12,7 @@ import pytest
 
 import pgfence.handlers.builtin  # noqa: F401 - registers noop & co. before the registry snapshot
 from pgtools import finish, job_row, pgfence, scalar, wait_for
-from pgfence import ConfigError, DatabaseError, aenqueue, enqueue, handler
+from pgfence import ConfigError, DatabaseError, aenqueue, enqueue, enqueue_many, handler
 from pgfence.job import idempotency_key
 
 UTC = dt.timezone.utc
@@ -328,3 +328,116 @@ def test_aenqueue_on_a_broken_connection_raises_pgfence_errors(dsn, conn):
         arun(dsn, gone)
     assert not isinstance(caught.value, psycopg.Error)
     assert count_jobs(conn) == 0
+
+
+# -- enqueue_many: many jobs in one statement ---------------------------------------------
+
+
+def test_enqueue_many_returns_ids_in_order_with_every_option_and_the_dedupe_keys_honoured(conn):
+    @handler("t_many_defaults", queue="reports", max_attempts=7, max_reclaims=0)
+    def defaults(job):
+        pass
+
+    held = enqueue(conn, "noop", {"first": True}, dedupe_key="k-held")
+    conn.execute("INSERT INTO pgfence.kinds (kind, queue, max_attempts, max_reclaims) "
+                 "VALUES ('t_many_recorded', 'recorded', 4, 2)")
+    run_at = dt.datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)
+    ids = enqueue_many(conn, [
+        {"kind": "noop", "payload": {"n": 0}},
+        {"kind": "noop", "payload": {"n": 1}, "dedupe_key": "k-held"},          # held by a live job
+        {"kind": "report", "payload": {"n": 2}, "queue": "mail", "priority": 4, "run_at": run_at,
+         "max_attempts": 2, "max_reclaims": 1, "dedupe_key": "k-new"},
+        {"kind": "report", "payload": {"n": 3}, "dedupe_key": "k-new"},          # held by job 2 of this call
+        {"kind": "t_many_defaults", "delay": 30},
+        {"kind": "noop"},
+        {"kind": "t_many_recorded"},                          # options a worker recorded in pgfence.kinds
+        {"kind": "t_many_recorded", "queue": "mine", "max_attempts": 1},
+    ])
+    assert ids[1] == held and ids[3] == ids[2]
+    new = [ids[0], ids[2], ids[4], ids[5], ids[6], ids[7]]
+    assert new == sorted(new) and len(set(new)) == 6 and new[0] > held
+    rows = {r["id"]: r for r in map(lambda i: job_row(conn, i), new)}
+    assert [(rows[i]["kind"], rows[i]["payload"], rows[i]["queue"], rows[i]["priority"], rows[i]["max_attempts"],
+             rows[i]["max_reclaims"], rows[i]["dedupe_key"], rows[i]["status"], rows[i]["attempt"]) for i in new] == [
+        ("noop", {"n": 0}, "default", 0, 5, 3, None, "queued", 0),
+        ("report", {"n": 2}, "mail", 4, 2, 1, "k-new", "queued", 0),
+        ("t_many_defaults", {}, "reports", 0, 7, 0, None, "queued", 0),
+        ("noop", {}, "default", 0, 5, 3, None, "queued", 0),
+        ("t_many_recorded", {}, "recorded", 0, 4, 2, None, "queued", 0),
+        ("t_many_recorded", {}, "mine", 0, 1, 2, None, "queued", 0),
+    ]
+    assert rows[ids[2]]["run_at"] == run_at
+    assert rows[ids[4]]["run_at"] - rows[ids[4]]["created_at"] == dt.timedelta(seconds=30)
+    assert rows[ids[0]]["run_at"] == rows[ids[0]]["created_at"]
+    assert job_row(conn, held)["payload"] == {"first": True}
+    assert count_jobs(conn) == 7
+    assert enqueue_many(conn, []) == []
+    assert count_jobs(conn) == 7
+
+
+def test_enqueue_many_of_more_than_one_statement_keeps_the_order_and_commits_or_rolls_back_whole(dsn, conn):
+    n = 25_000   # three statements of client.MANY_CHUNK
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN pgfence_jobs")
+        with pytest.raises(RuntimeError, match="stop"):
+            with conn.transaction():
+                enqueue_many(conn, [{"kind": "noop", "payload": {"i": i}, "queue": "gone"} for i in range(n)])
+                raise RuntimeError("stop")
+        assert count_jobs(conn) == 0
+        with conn.transaction():
+            ids = enqueue_many(conn, ({"kind": "noop", "payload": {"i": i}, "queue": f"q{i % 2}"} for i in range(n)))
+        assert len(ids) == n and ids == sorted(ids) and len(set(ids)) == n
+        got = conn.execute("SELECT id, (payload->>'i')::int, queue FROM pgfence.jobs ORDER BY id").fetchall()
+        assert got == [(job_id, i, f"q{i % 2}") for i, job_id in enumerate(ids)]
+        # One notification per queue, on commit; none of the rolled-back ones.
+        notes = sorted(n.payload for n in listener.notifies(timeout=5, stop_after=2))
+        assert notes == ["q0", "q1"]
+
+
+def test_enqueue_many_refuses_bad_input_naming_the_job_and_writes_nothing(conn):
+    good = {"kind": "noop", "payload": {"ok": 1}}
+    for job, message in [
+        ({"kind": "noop", "delay": -1}, "job 1: invalid delay: must be 0 or more seconds, got -1"),
+        ({"kind": "noop", "payload": {"x": float("nan")}}, "job 1: payload is not JSON-serialisable"),
+        ({"kind": "noop", "payload": {"s": "a\x00b"}}, "job 1: invalid payload: a string holds a NUL"),
+        ({"kind": "bad kind"}, "job 1: invalid kind name 'bad kind'"),
+        ({"kind": "noop", "queue": "bad queue"}, "job 1: invalid queue name 'bad queue'"),
+        ({"kind": "noop", "priority": "high"}, "job 1: invalid priority: must be a whole number, got 'high'"),
+        ({"kind": "noop", "priority": 2**31}, "job 1: invalid priority: must be between"),
+        ({"kind": "noop", "max_attempts": 0}, "job 1: invalid max-attempts"),
+        ({"kind": "noop", "run_at": "tomorrow"}, "job 1: invalid run_at: must be a datetime, got 'tomorrow'"),
+        ({"kind": "noop", "delay": "5"}, "job 1: invalid delay: must be a number of seconds, got '5'"),
+        ({"kind": "noop", "delay": 1, "run_at": dt.datetime.now(UTC)}, "job 1: give delay or run_at, not both"),
+        ({"kind": "noop", "dedupe_key": 5}, "job 1: invalid dedupe key: must be a string, got 5"),
+        ({"kind": "noop", "dedupe_key": "pgfence:periodic:x"}, "job 1: invalid dedupe key"),
+        ({"kind": "noop", "qeueu": "mail"}, "job 1: unknown field(s): qeueu"),
+        ({"payload": {}}, "job 1: no kind"),
+        (("noop", {}), "job 1: must be a mapping of enqueue's arguments, got tuple"),
+    ]:
+        with pytest.raises(ConfigError) as caught:
+            enqueue_many(conn, [good, job, good])
+        assert str(caught.value).startswith(message), (job, str(caught.value))
+    assert count_jobs(conn) == 0
+
+
+def test_enqueue_many_returns_the_holder_another_transaction_committed_while_it_waited(dsn, conn):
+    """The holder of a dedupe key commits while enqueue_many's statement
+    waits on it: the statement's snapshot does not show it, so that job is
+    enqueued again on its own and gets the holder's id, as enqueue() would."""
+    with psycopg.connect(dsn) as holder, psycopg.connect(dsn) as producer:
+        held = enqueue(holder, "noop", {"holder": True}, dedupe_key="k-race")     # not committed yet
+        pid = scalar(producer, "SELECT pg_backend_pid()")
+        producer.commit()
+        got: list = []
+        thread = threading.Thread(target=lambda: got.append(enqueue_many(producer, [
+            {"kind": "noop", "payload": {"n": 0}}, {"kind": "noop", "payload": {"n": 1}, "dedupe_key": "k-race"}])))
+        thread.start()
+        assert wait_for(lambda: scalar(conn, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                                       (pid,)) == "Lock", timeout=10)
+        holder.commit()
+        thread.join(timeout=10)
+        producer.commit()
+    [ids] = got
+    assert ids[1] == held
+    assert conn.execute("SELECT id, payload, dedupe_key FROM pgfence.jobs ORDER BY id").fetchall() == [
+        (held, {"holder": True}, "k-race"), (ids[0], {"n": 0}, None)]

@@ -8,6 +8,7 @@ import psycopg
 import pytest
 
 from pgtools import pgfence, scalar, wait_for
+from pgfence import client
 from pgfence import enqueue
 from pgfence.backoff import Backoff
 from pgfence.admin import commands as admin
@@ -34,7 +35,7 @@ def test_done_failed_and_cancelled_jobs_leave_the_hot_table_for_history(conn, ma
                                backoff=Backoff()).status == "failed"
     [again] = make_worker("w2").claim(1)
     assert again.id == running_cancelled
-    assert admin.cancel(conn, [cancelled, running_cancelled]) == [cancelled, running_cancelled]
+    assert client.cancel(conn, [cancelled, running_cancelled]) == [cancelled, running_cancelled]
 
     assert live(conn) == [waiting]
     assert history(conn) == [(done, "done", 1, None), (failed, "failed", 1, "RuntimeError: boom"),

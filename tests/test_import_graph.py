@@ -66,7 +66,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "pgfence.prefork.slots", "pgfence.prefork.proctitle", "pgfence.prefork.sdnotify",
               "pgfence.prefork.signals", "pgfence.worker.wake", "pgfence.worker.aio")),
     ("store", ("pgfence.store",)),
-    ("job API", ("pgfence", "pgfence.job", "pgfence.asyncjob", "pgfence.producer", "pgfence.registry",
+    ("job API", ("pgfence", "pgfence.job", "pgfence.asyncjob", "pgfence.producer", "pgfence.client", "pgfence.registry",
                  "pgfence.worker.lease")),
     ("observe", ("pgfence.observe", "pgfence.background")),
     ("runtime", ("pgfence.worker", "pgfence.renewal", "pgfence.scheduling")),

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
+from pgfence import client
 from pgfence import AsyncJob, Job, enqueue, handler, registry
-from pgfence.admin import commands as admin
 from pgfence.settings import Settings
 from pgfence.worker.engine import make_worker
 from pgfence.worker.outcomes import LOST
@@ -41,7 +41,7 @@ def test_an_error_report_refused_by_the_fence_is_recorded_in_every_mode(conn, ds
 
     def cancel_me(job_id: int) -> None:
         with psycopg.connect(dsn, autocommit=True) as other:
-            assert admin.cancel(other, [job_id]) == [job_id]
+            assert client.cancel(other, [job_id]) == [job_id]
 
     @handler("refused-report-sync")
     def sync_kind(job: Job) -> None:
@@ -78,7 +78,7 @@ def test_a_put_back_refused_by_the_fence_is_recorded(conn, dsn, make_worker):
     job_id = enqueue(conn, "nobody-knows-this-kind")
     worker = make_worker("w-putback")
     [job] = worker.claim()
-    assert admin.cancel(conn, [job_id]) == [job_id]
+    assert client.cancel(conn, [job_id]) == [job_id]
     before = prevented("nobody-knows-this-kind")
     assert worker.run_job(job) == LOST
     assert attempts(conn, job_id) == [
@@ -98,7 +98,7 @@ def test_a_refusal_an_outage_kept_unrecorded_is_recorded_once_the_database_answe
     worker = make_worker("w-outage")
     job_id = enqueue(conn, "nobody-knows-this-kind")
     [job] = worker.claim()
-    assert admin.cancel(conn, [job_id]) == [job_id]
+    assert client.cancel(conn, [job_id]) == [job_id]
     # The database out of reach: the worker's connection gone, and nothing
     # listening where it would connect again.
     worker._drop_connection()

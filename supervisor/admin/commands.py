@@ -1,9 +1,11 @@
 """Operator commands: status, failed, retry, cancel, pause, resume.  Each
-returns plain data, which the CLI prints as a table or as JSON."""
+returns plain data, which the CLI prints as a table or as JSON.  Retry and
+cancel are the Python API's (:mod:`pgfence.client`), which the command line
+and the dashboard call directly."""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import psycopg
 
@@ -42,45 +44,6 @@ def status(conn: psycopg.Connection) -> dict[str, Any]:
             for r in store.running_jobs(conn)
         ]
     return {"queues": counts, "running": running, "estimated": percent < 100.0}
-
-
-class RetryResult(NamedTuple):
-    """What ``retry`` did: the jobs queued again, and the jobs skipped as
-    ``(id, holder)`` because the job ``holder`` holds their dedupe key."""
-
-    requeued: list[int]
-    skipped: list[tuple[int, int | None]]
-
-
-def retry(conn: psycopg.Connection, ids: list[int] | None, *, failed: bool = False,
-          extra_attempts: int = 1) -> RetryResult:
-    """Queue failed or cancelled jobs again (``ids``, or every failed job).
-
-    A job whose dedupe key a live job of its kind holds is skipped and
-    reported, and the others are queued all the same; of several candidates
-    sharing one key, only the oldest is queued.  A producer that enqueues a
-    job with such a key while this runs can still break the dedupe index
-    (the statement saw no live holder): the statement is then run again,
-    and it skips that job.
-    """
-    verdicts: list[store.RetryVerdict] = []
-    with db.translated():
-        for tries in range(1, 4):
-            try:
-                with conn.transaction():
-                    verdicts = store.retry(conn, ids or [], all_failed=failed, extra_attempts=extra_attempts)
-                break
-            except psycopg.errors.UniqueViolation:
-                if tries == 3:
-                    raise
-    return RetryResult(requeued=[v.id for v in verdicts if v.requeued],
-                       skipped=[(v.id, v.holder) for v in verdicts if not v.requeued])
-
-
-def cancel(conn: psycopg.Connection, ids: list[int]) -> list[int]:
-    """Cancel queued or running jobs; return the ids that were."""
-    with db.translated():
-        return store.cancel_ids(conn, ids)
 
 
 def failed(conn: psycopg.Connection, *, limit: int = 20, queue: str | None = None,

@@ -10,6 +10,7 @@ import sys
 
 from pgfence import bounds, names
 from pgfence import settings as settings_mod
+from pgfence import client
 from pgfence.admin import commands as admin
 from pgfence.cli.common import connect
 from pgfence.errors import ConfigError
@@ -33,7 +34,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
         raise ConfigError("pgfence retry: give job ids or --failed")
     _dsn_value, conn = connect(args)
     with conn:
-        result = admin.retry(conn, args.ids, failed=args.failed)
+        result = client.retry(conn, args.ids, failed=args.failed)
     ids = result.requeued
     print(f"requeued {len(ids)} job(s)" + (f": {' '.join(map(str, ids))}" if ids else ""))
     # The others are queued all the same; a skipped job makes the exit
@@ -46,7 +47,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     _dsn_value, conn = connect(args)
     with conn:
-        ids = admin.cancel(conn, args.ids)
+        ids = client.cancel(conn, args.ids)
     print(f"cancelled {len(ids)} job(s)" + (f": {' '.join(map(str, ids))}" if ids else ""))
     return 0 if ids else 1
 

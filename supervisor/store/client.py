@@ -1,4 +1,5 @@
-"""The producer's statements (``enqueue`` in ``sql/queries/jobs.sql``): what
+"""The producer's statements (``enqueue`` in ``sql/queries/jobs.sql``,
+``enqueue_many`` in ``sql/queries/client.sql``): what
 :mod:`pgfence.producer` sends on a caller's connection, synchronous or
 asynchronous, in the caller's transaction.
 
@@ -11,11 +12,12 @@ errors nor retry: the producer wraps them in :func:`db.translated`.
 from __future__ import annotations
 
 import datetime
-from typing import Any, TypedDict
+from collections.abc import Sequence
+from typing import Any, NamedTuple, TypedDict
 
 import psycopg
-from psycopg.types.json import Jsonb
 
+from pgfence.store import web
 from pgfence.store.queries import q
 
 
@@ -25,7 +27,8 @@ class EnqueueParams(TypedDict):
     applies it)."""
 
     kind: str
-    payload: Jsonb
+    #: The payload as JSON text.
+    payload: str
     queue: str | None
     priority: int
     run_at: datetime.datetime | None
@@ -51,3 +54,57 @@ async def aenqueue(aconn: psycopg.AsyncConnection[Any], params: EnqueueParams) -
     """:func:`enqueue` on an asynchronous connection."""
     cursor = await aconn.execute(q("enqueue"), dict(params))
     return _job_id(await cursor.fetchone())
+
+
+#: Jobs per statement of :func:`enqueue_many`.
+MANY_CHUNK = 10_000
+
+#: The ``enqueue_many`` statement's arrays, by the parameter each fills.
+_COLUMNS = (("kinds", "kind"), ("payloads", "payload"), ("queues", "queue"), ("priorities", "priority"),
+            ("run_ats", "run_at"), ("delays", "delay"), ("max_attempts", "max_attempts"),
+            ("max_reclaims", "max_reclaims"), ("dedupe_keys", "dedupe_key"))
+
+
+def enqueue_many(conn: psycopg.Connection[Any], jobs: Sequence[EnqueueParams]) -> list[int]:
+    """Enqueue ``jobs`` in the caller's transaction, one statement per
+    :data:`MANY_CHUNK`; their ids in order.  A job the statement could not
+    place (its dedupe key's holder was committed by another transaction
+    while the statement ran: see ``enqueue_many`` in client.sql) is enqueued
+    again on its own, by :func:`enqueue`'s statement."""
+    ids: list[int] = []
+    for start in range(0, len(jobs), MANY_CHUNK):
+        chunk = jobs[start:start + MANY_CHUNK]
+        params: dict[str, list[Any]] = {name: [job[field] for job in chunk]  # type: ignore[literal-required]
+                                        for name, field in _COLUMNS}
+        rows = conn.execute(q("enqueue_many"), params).fetchall()
+        if len(rows) != len(chunk):
+            raise AssertionError(f"enqueue_many returned {len(rows)} rows for {len(chunk)} jobs")
+        for job, (job_id,) in zip(chunk, rows, strict=True):
+            ids.append(job_id if job_id is not None else enqueue(conn, job))
+    return ids
+
+
+class FoundJob(NamedTuple):
+    """A job's row and its recorded attempts' rows."""
+
+    job: web.JobDetail
+    attempts: list[web.AttemptRow]
+
+
+def get_job(conn: psycopg.Connection[Any], job_id: int) -> FoundJob | None:
+    """The job ``job_id`` wherever it is (the dashboard's job page's
+    statements), with its attempts; None when there is none."""
+    row = conn.execute(q("web_job"), {"id": job_id}).fetchone()
+    if row is None:
+        return None
+    attempts = conn.execute(q("web_job_attempts"), {"id": job_id}).fetchall()
+    return FoundJob(web.JobDetail._make(row), [web.AttemptRow._make(a) for a in attempts])
+
+
+async def aget_job(aconn: psycopg.AsyncConnection[Any], job_id: int) -> FoundJob | None:
+    """:func:`get_job` on an asynchronous connection."""
+    row = await (await aconn.execute(q("web_job"), {"id": job_id})).fetchone()
+    if row is None:
+        return None
+    attempts = await (await aconn.execute(q("web_job_attempts"), {"id": job_id})).fetchall()
+    return FoundJob(web.JobDetail._make(row), [web.AttemptRow._make(a) for a in attempts])

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
-from pgfence.admin import commands as admin_commands
+from pgfence import client
 from pgfence.store import db
 from pgfence.store import web as store
 
@@ -50,10 +50,10 @@ def act(conn: psycopg.Connection[Any], action: str, ids: list[int]) -> Outcome:
     if action not in ELIGIBLE:
         raise ValueError(f"unknown action {action!r}")
     if action == "retry":
-        result = admin_commands.retry(conn, ids)
+        result = client.retry(conn, ids)
         acted = result.requeued
     elif action == "cancel":
-        acted = admin_commands.cancel(conn, ids)
+        acted = client.cancel(conn, ids)
     else:
         with db.translated(), conn.transaction():
             acted = store.delete_ids(conn, ids)
