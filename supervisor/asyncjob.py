@@ -86,7 +86,8 @@ class AsyncJob(JobBase):
                     with db.translated():
                         async with conn.transaction():
                             yield conn
-                            done = (await jobs.complete_async(conn, self.id, self.attempt) if self.fence
+                            done = (await jobs.complete_async(conn, self.id, self.attempt, self._result)
+                                    if self.fence
                                     else await jobs.complete_unfenced_async(conn, self.id))
                             if not done:
                                 self._rejected()
@@ -94,6 +95,13 @@ class AsyncJob(JobBase):
                 except TransactionConflict as exc:
                     self._conflicted(exc)
         self.completed = True
+
+    async def store_result(self) -> None:
+        """As :meth:`pgfence.Job.store_result`."""
+        assert self._result is not None
+        with db.translated():
+            async with self.borrow() as conn, conn.transaction():
+                await jobs.store_result_async(conn, self.id, self.attempt, self._result)
 
     @contextlib.asynccontextmanager
     async def fenced_writes(self) -> AsyncIterator[Writes]:

@@ -62,6 +62,10 @@ class JobInfo:
     last_traceback: str | None
     #: Every attempt that did not simply succeed, in order.
     attempts: tuple[Attempt, ...]
+    #: What the handler returned, once the job is done (JSON: dicts, lists,
+    #: strings, numbers); None while it is not, or when nothing was stored
+    #: (the handler returned None, or its kind says ``result=False``).
+    result: Any = None
 
     @property
     def finished(self) -> bool:
@@ -89,7 +93,7 @@ def _info(found: store.FoundJob | None) -> JobInfo | None:
                    reclaims=job.reclaims, dedupe_key=job.dedupe_key, created_at=job.created_at,
                    run_at=job.run_at, started_at=job.started_at, finished_at=job.finished_at, worker=job.worker,
                    last_error=job.last_error, last_traceback=job.last_traceback,
-                   attempts=tuple(attempts))
+                   attempts=tuple(attempts), result=job.result)
 
 
 def get_job(conn: psycopg.Connection[Any], job_id: int) -> JobInfo | None:

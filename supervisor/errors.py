@@ -87,3 +87,10 @@ class NotCommitted(PgfenceError):
 class PayloadRejected(PgfenceError):
     """A handler refuses a payload it cannot work with; the job fails at once,
     without retries."""
+
+
+class ResultRejected(PgfenceError):
+    """A handler's return value cannot be stored as its job's result (not
+    JSON, over :data:`pgfence.results.MAX_BYTES`, or a string holding NUL):
+    a job not yet completed fails at once, without retries, as its writes
+    would be refused again."""

@@ -101,6 +101,9 @@ class JobBase:
         self.dedupe_key = dedupe_key
         self.fence = fence
         self.completed = completed
+        #: The handler's result as JSON text, set by the worker once the
+        #: handler returned, for the completion to store (None: none).
+        self._result: str | None = None
 
     @property
     def payload(self) -> Any:
@@ -366,8 +369,16 @@ class Job(JobBase):
             # worker opens a new connection on its next database error.
             conn.close()
 
+    def store_result(self) -> None:
+        """Store the result after the handler's own fenced block completed
+        the job (the worker calls it once the handler returned)."""
+        assert self._result is not None
+        with db.translated(), self.borrow() as conn, conn.transaction():
+            jobs.store_result(conn, self.id, self.attempt, self._result)
+
     def _complete_in_transaction(self, conn: psycopg.Connection[Any]) -> None:
-        done = jobs.complete(conn, self.id, self.attempt) if self.fence else jobs.complete_unfenced(conn, self.id)
+        done = (jobs.complete(conn, self.id, self.attempt, self._result) if self.fence
+                else jobs.complete_unfenced(conn, self.id))
         if not done:
             self._rejected()
             # Raising inside the transaction block rolls the handler's writes back.

@@ -28,6 +28,7 @@ from pgfence.store import db
 from pgfence import names
 from pgfence import registry
 from pgfence.errors import ConfigError
+from pgfence.results import has_nul
 from pgfence.store import client
 
 _INT4_MIN, _INT4_MAX = -(2**31), 2**31 - 1
@@ -164,7 +165,7 @@ def _params(kind: str, payload: JSON, *, queue: str | None, priority: int, run_a
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"payload is not JSON-serialisable: {exc}") from None
     # json.dumps writes NUL as \\u0000; the walk tells it from an escaped backslash.
-    if "\\u0000" in text and _has_nul(payload):
+    if "\\u0000" in text and has_nul(payload):
         raise ConfigError("invalid payload: a string holds a NUL character (\\u0000), which jsonb cannot store")
     spec = registry.find(kind)
     if spec is not None:
@@ -183,14 +184,3 @@ def _params(kind: str, payload: JSON, *, queue: str | None, priority: int, run_a
         "max_reclaims": max_reclaims,
     }
 
-
-def _has_nul(value: object) -> bool:
-    """Whether a string of ``value`` (a key or a value, at any depth)
-    holds NUL, which PostgreSQL's jsonb refuses."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_has_nul(v) for v in value)
-    return False

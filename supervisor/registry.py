@@ -58,6 +58,8 @@ class HandlerSpec:
     max_reclaims: int | None = None
     #: An ``async def`` handler: run on the worker's event loop.
     is_async: bool = False
+    #: Store the handler's return value as its job's result (pgfence.results).
+    store_result: bool = True
 
 
 _REGISTRY: dict[str, HandlerSpec] = {}
@@ -80,9 +82,14 @@ def handler(
     overlap: str = "skip",
     catch_up: str = "latest",
     catch_up_window: float = CATCH_UP_WINDOW,
+    result: bool = True,
 ) -> Callable[[H], H]:
     """Register the decorated function as the handler of jobs of ``kind``
     and return it unchanged.
+
+    What the handler returns is stored as its job's result (JSON, up to
+    :data:`pgfence.results.MAX_BYTES`; read it with :func:`pgfence.get_job`);
+    ``result=False`` stores nothing.
 
     With ``cron`` (an expression in ``tz``) or ``every`` (seconds, at least
     one), jobs of ``kind`` are also enqueued periodically, with ``payload``,
@@ -108,7 +115,7 @@ def handler(
             raise ConfigError(f"handler {kind!r} ({_name_of(func)}) is an async generator; calling it runs "
                               "nothing: define it with async def and no yield, or with def")
         _REGISTRY[kind] = HandlerSpec(kind, func, queue, lease, timeout, max_attempts, max_reclaims,
-                                      is_async=is_async(func))
+                                      is_async=is_async(func), store_result=bool(result))
         return func
 
     if cron is not None or every is not None:

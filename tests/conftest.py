@@ -48,7 +48,7 @@ SERVER_ONLY_WHEN_BOTH = frozenset({
     "test_supervisor_faults", "test_supervisor", "test_demo", "test_heartbeat", "test_idle_wait",
     "test_prometheus_scrape", "test_metrics", "test_unknown_kinds", "test_timeout_start", "test_poison",
     "test_outages", "test_orphans", "test_concurrency", "test_operations", "test_periodic_run", "test_web_browser",
-    "test_fault_matrix",
+    "test_fault_matrix", "test_results",
 })
 
 

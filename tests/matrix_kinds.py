@@ -7,7 +7,9 @@ their PYTHONPATH); never registered in the test process.
 Every kind ends by writing ONE effect row, ``(job id, attempt, pid)``, into
 ``matrix.effects`` (made by the test, primary key ``(job_id, attempt)``)
 through the job's fenced block, so that an effect commits only with the
-attempt's completion.  The first attempt works first, without ever looking at
+attempt's completion, and returns the same three as its result (stored on
+the history row of the attempt that completed the job, never a stale
+attempt's).  The first attempt works first, without ever looking at
 its lease, so that the fence alone can keep a stale attempt's write out:
 ``payload.before`` seconds before the block, ``payload.inside`` seconds inside
 it, after the row is written.  Later attempts write at once.
@@ -56,36 +58,38 @@ async def _asleep(seconds: float) -> None:
         await asyncio.sleep(0.01)
 
 
-def sync_effect(job: Job) -> None:
+def sync_effect(job: Job) -> dict[str, int]:
     _sleep(_seconds(job, "before"))
     with job.fenced() as conn:
         conn.execute(INSERT, _row(job))
         _sleep(_seconds(job, "inside"))
+    return _row(job)
 
 
-async def async_effect(job: AsyncJob) -> None:
+async def async_effect(job: AsyncJob) -> dict[str, int]:
     await _asleep(_seconds(job, "before"))
     async with job.fenced() as conn:
         await conn.execute(INSERT, _row(job))
         await _asleep(_seconds(job, "inside"))
+    return _row(job)
 
 
-def sync_hang(job: Job) -> None:
+def sync_hang(job: Job) -> dict[str, int]:
     if job.attempt == 1:
         _sleep(HANG)
         raise RuntimeError("hung for a minute")
-    sync_effect(job)
+    return sync_effect(job)
 
 
-async def async_hang(job: AsyncJob) -> None:
+async def async_hang(job: AsyncJob) -> dict[str, int]:
     if job.attempt == 1:
         await _asleep(HANG)
         raise RuntimeError("hung for a minute")
-    await async_effect(job)
+    return await async_effect(job)
 
 
-async def async_block(job: AsyncJob) -> None:
+async def async_block(job: AsyncJob) -> dict[str, int] | None:
     if job.attempt == 1:
         time.sleep(float(job.payload.get("block", 3)))   # blocks the whole loop
-        return
-    await async_effect(job)
+        return None
+    return await async_effect(job)

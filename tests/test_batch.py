@@ -174,7 +174,8 @@ def test_many_locked_jobs_are_updated_through_the_primary_key_with_stale_statist
                                      "not_kinds": None}).fetchall()
     args = [db.array_literal(r[0] for r in rows), db.array_literal(r[5] for r in rows),
             db.array_literal(30.0 for _ in rows)][:3 if name == "renew" else 2]
-    text = q(name).replace("%(ids)s", "$1").replace("%(attempts)s", "$2").replace("%(leases)s", "$3")
+    text = q(name).replace("%(ids)s", "$1").replace("%(attempts)s", "$2").replace("%(leases)s", "$3") \
+        .replace("%(results)s", "NULL")
     with conn.transaction(force_rollback=True):       # EXPLAIN ANALYZE runs the UPDATE
         conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         conn.execute(sql.SQL("PREPARE stale_many AS {}").format(sql.SQL(text)))

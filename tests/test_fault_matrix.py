@@ -310,8 +310,11 @@ def test_fault_matrix(dsn, conn, supervisors, tmp_path, mode, fault):
         final = jobs(conn)
         assert sorted(final) == ids
         assert {i: s for i, (s, _a, _r, _p) in final.items()} == dict.fromkeys(ids, "done")
-        # 2. one committed effect per job, its last attempt's
+        # 2. one committed effect per job, its last attempt's, and that attempt's result stored with the job
         assert effects(conn) == {i: [final[i][1]] for i in ids}, (effects(conn), final)
+        stored = dict(conn.execute("SELECT id, result FROM pgfence.job_history WHERE id = ANY(%s)", (ids,)))
+        assert stored == {job_id: {"job_id": job_id, "attempt": attempt, "pid": pid}
+                          for job_id, attempt, pid in conn.execute("SELECT * FROM matrix.effects")}, stored
         # 3. no lease left run out while B was idle
         assert watch.stale == [], watch.stale
         # 4. every attempt explained by the fault

@@ -347,7 +347,7 @@ def test_completion_holding_the_row_is_skipped_by_the_reclaim(dsn, conn):
     assert claim(conn, "owner") == [(job_id, 1, "queued")]
     expire(conn, job_id)
     with psycopg.connect(dsn) as owner_conn:
-        assert owner_conn.execute(q("complete"), {"id": job_id, "attempt": 1}).fetchall() == [(job_id,)]
+        assert owner_conn.execute(q("complete"), {"id": job_id, "attempt": 1, "result": None}).fetchall() == [(job_id,)]
         assert claim(conn, "reclaimer") == []              # SKIP LOCKED: no wait, no claim
         owner_conn.commit()
     assert claim(conn, "reclaimer") == []

@@ -259,7 +259,7 @@ def test_a_job_its_attempt_completed_during_the_round_loses_no_lease(dsn, conn, 
 
     queue = "hb-completed"
     job_id, lease = claim_one(conn, "owner", queue=queue)
-    assert conn.execute(q("complete"), {"id": job_id, "attempt": lease.attempt}).fetchall() == [(job_id,)]
+    assert conn.execute(q("complete"), {"id": job_id, "attempt": lease.attempt, "result": None}).fetchall() == [(job_id,)]
     manager = managers(dsn, default_lease=30.0)
     manager.track(lease)
     before = {reason: lost_total(queue, "effect", reason) for reason in LOST_REASONS}
@@ -285,7 +285,7 @@ def test_one_round_reports_each_job_of_the_batch(dsn, conn, managers):
     expire(conn, reclaimed_id)
     assert claim(conn, "w2", queue=queue) == [(reclaimed_id, 2, "running")]
     conn.execute(q("cancel_ids"), {"ids": [cancelled_id]})
-    assert conn.execute(q("complete"), {"id": done_id, "attempt": 1}).fetchone() == (done_id,)
+    assert conn.execute(q("complete"), {"id": done_id, "attempt": 1, "result": None}).fetchone() == (done_id,)
     rows_before = {i: job_row(conn, i) for i in (held_id, reclaimed_id, cancelled_id, done_id)}
     manager = managers(dsn, default_lease=30.0)
     for lease in (held, reclaimed, cancelled, done):

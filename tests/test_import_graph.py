@@ -60,7 +60,8 @@ MAX_LINES = 400
 #: its submodules; ``pgfence`` alone names only the package's ``__init__``.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("pgfence.errors", "pgfence.names", "pgfence.identity", "pgfence.bounds", "pgfence.backoff",
-              "pgfence.errortext", "pgfence.settings", "pgfence.settings_declare", "pgfence.settings_values",
+              "pgfence.errortext", "pgfence.results", "pgfence.settings", "pgfence.settings_declare",
+              "pgfence.settings_values",
               "pgfence.settings_table", "pgfence.scheduling.schedule", "pgfence.scheduling.plan",
               "pgfence.observe.metrics", "pgfence.observe.collect", "pgfence.observe.multiproc",
               "pgfence.prefork.slots", "pgfence.prefork.proctitle", "pgfence.prefork.sdnotify",

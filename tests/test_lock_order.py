@@ -86,7 +86,7 @@ def test_renewal_and_batched_completion_lock_jobs_in_one_order(dsn, conn):
             "leases": db.array_literal([60.0, 60.0])}).fetchall()))
         wait_for(lambda: waiting_on_lock(conn, renewer.info.backend_pid), timeout=10, message="renewal waits for a")
         complete = Background(completer, lambda c: sorted(r[0] for r in c.execute(q("complete_many"), {
-            "ids": db.array_literal([b, a]), "attempts": db.array_literal([att_b, att_a])})))
+            "ids": db.array_literal([b, a]), "attempts": db.array_literal([att_b, att_a]), "results": None})))
         wait_for(lambda: waiting_on_lock(conn, completer.info.backend_pid), timeout=10,
                  message="completion waits")
         holder.commit()

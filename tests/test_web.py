@@ -115,7 +115,7 @@ def _detail(status: str, attempt: int, **extra) -> store.JobDetail:
     values = dict(id=7, queue="q", kind="k", status=status, payload={}, attempt=attempt, max_attempts=5, reclaims=0,
                   max_reclaims=3, priority=0, putbacks=0, run_at=now, created_at=now, started_at=now,
                   finished_at=now if status in ("done", "failed", "cancelled") else None, lease_until=None,
-                  worker="h:1:a", dedupe_key=None, last_error=None, last_traceback=None, now=now)
+                  worker="h:1:a", dedupe_key=None, last_error=None, last_traceback=None, result=None, now=now)
     values.update(extra)
     return store.JobDetail(**values)
 
@@ -216,7 +216,8 @@ def test_job_list_filters_and_keyset_pages(dsn, conn):
 def test_job_page_escapes_user_data_and_shows_attempts(dsn, conn):
     [job_id] = add_finished(conn, 1, status="done", kind="noop", error=f"{SCRIPT} {IMG}", dedupe_key=IMG,
                             payload={"html": SCRIPT, "attr": IMG})
-    conn.execute("UPDATE pgfence.job_history SET attempt = 3, worker = 'host:9:c' WHERE id = %s", (job_id,))
+    conn.execute("UPDATE pgfence.job_history SET attempt = 3, worker = 'host:9:c', result = %s WHERE id = %s",
+                 (json.dumps({"note": SCRIPT}), job_id))
     for attempt in (1, 2):
         conn.execute("INSERT INTO pgfence.job_attempts (job_id, attempt, worker, started_at, outcome, detail) "
                      "VALUES (%s, %s, %s, now(), 'error', %s)", (job_id, attempt, f"host:9:{attempt}", f"E{attempt} {SCRIPT}"))
@@ -229,6 +230,9 @@ def test_job_page_escapes_user_data_and_shows_attempts(dsn, conn):
     assert "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;" in job_page
     payload = re.search(r'<pre id="payload">(.*?)</pre>', job_page, re.S).group(1)
     assert json.loads(htmllib.unescape(payload)) == {"attr": IMG, "html": SCRIPT}
+    result = re.search(r'<pre id="result">(.*?)</pre>', job_page, re.S).group(1)
+    assert json.loads(htmllib.unescape(result)) == {"note": SCRIPT}
+    assert '<pre id="result">' not in pages[1]
     assert f'<code id="idempotency-key">pgfence:job:{job_id}</code>' in job_page
     rows = re.findall(r'<tr class="attempt" data-attempt="(\d+)">.*?<td class="worker">(.*?)</td>.*?'
                       r'<td class="outcome">(.*?)</td>\s*<td class="detail">(.*?)</td>', job_page, re.S)
@@ -238,6 +242,7 @@ def test_job_page_escapes_user_data_and_shows_attempts(dsn, conn):
     with client(dsn, redact_payloads=True) as c:
         redacted = c.get(f"/jobs/{job_id}").text
     assert '<pre id="payload">redacted</pre>' in redacted and "alert" not in redacted.split('id="payload"')[1][:40]
+    assert '<pre id="result">redacted</pre>' in redacted
 
 
 def test_a_post_without_a_valid_csrf_token_is_refused(dsn, conn):

@@ -110,7 +110,8 @@ SELECT id, queue, kind, payload::text, status, attempt, max_attempts, reclaims, 
 -- name: complete
 -- Fenced completion: moves the job to history as done only while this
 -- attempt still owns it.  Zero rows means the lease was lost and the caller
--- must roll back.  The history row's columns come in the table's order.
+-- must roll back.  The history row's columns come in the table's order,
+-- the handler's result (JSON text, or NULL) last.
 WITH moved AS (
     DELETE FROM pgfence.jobs
      WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
@@ -118,8 +119,16 @@ WITH moved AS (
               priority, putbacks, 'done', queue, kind, dedupe_key, payload, last_error, last_traceback,
               locked_by
 )
-INSERT INTO pgfence.job_history SELECT * FROM moved
+INSERT INTO pgfence.job_history SELECT *, %(result)s::jsonb FROM moved
 RETURNING id;
+
+-- name: store_result
+-- The result of a job whose handler's fenced block completed it before the
+-- handler returned: written on the history row that attempt's completion
+-- made, and on no other (a later attempt's row has another attempt).
+UPDATE pgfence.job_history
+   SET result = %(result)s::jsonb
+ WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'done';
 
 -- name: complete_or_raise
 -- The fenced completion for a pipelined block (Job.fenced(pipeline=True)):
@@ -140,9 +149,10 @@ SELECT pgfence.complete_fenced(%(id)s, %(attempt)s);
 -- generic plan made while the statistics counted few running jobs (right
 -- after a bulk enqueue) scanned the running jobs once per job completed,
 -- a cost that grew with the square of the batch.
+-- %(results)s holds each job's result (JSON text, or NULL), by position.
 WITH owned AS (
-    SELECT j.id
-      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS f(id, attempt)
+    SELECT j.id, f.result
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::text[]) AS f(id, attempt, result)
       JOIN pgfence.jobs j ON j.id = f.id AND j.attempt = f.attempt AND j.status = 'running'
      ORDER BY j.id
        FOR UPDATE OF j
@@ -152,7 +162,7 @@ WITH owned AS (
      WHERE j.id = o.id
     RETURNING j.id, now(), j.created_at, j.run_at, j.started_at, j.attempt, j.max_attempts, j.reclaims,
               j.max_reclaims, j.priority, j.putbacks, 'done', j.queue, j.kind, j.dedupe_key, j.payload,
-              j.last_error, j.last_traceback, j.locked_by
+              j.last_error, j.last_traceback, j.locked_by, o.result::jsonb
 )
 INSERT INTO pgfence.job_history SELECT * FROM moved
 RETURNING id;

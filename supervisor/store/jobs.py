@@ -101,17 +101,33 @@ def _claimed(fetched: list[tuple[object, ...]]) -> list[Claimed]:
     return rows
 
 
-def complete(conn: psycopg.Connection, job_id: int, attempt: int) -> bool:
-    """Fenced completion, in the caller's transaction; False when this
-    attempt no longer owns the job (the caller must roll back)."""
-    return conn.execute(q("complete"), {"id": job_id, "attempt": attempt}).fetchone() is not None
+def complete(conn: psycopg.Connection, job_id: int, attempt: int, result: str | None = None) -> bool:
+    """Fenced completion, in the caller's transaction, storing ``result``
+    (JSON text; None: none); False when this attempt no longer owns the job
+    (the caller must roll back)."""
+    params = {"id": job_id, "attempt": attempt, "result": result}
+    return conn.execute(q("complete"), params).fetchone() is not None
 
 
-async def complete_async(conn: psycopg.AsyncConnection, job_id: int, attempt: int) -> bool:
+async def complete_async(conn: psycopg.AsyncConnection, job_id: int, attempt: int,
+                         result: str | None = None) -> bool:
     """:func:`complete` on an async connection (an async handler's
     ``fenced()`` block), in the caller's transaction."""
-    cursor = await conn.execute(q("complete"), {"id": job_id, "attempt": attempt})
+    cursor = await conn.execute(q("complete"), {"id": job_id, "attempt": attempt, "result": result})
     return await cursor.fetchone() is not None
+
+
+def store_result(conn: psycopg.Connection, job_id: int, attempt: int, result: str) -> bool:
+    """Store the result of a job that ``attempt`` completed already (its
+    handler's fenced block did); False when no such done row is found."""
+    params = {"id": job_id, "attempt": attempt, "result": result}
+    return conn.execute(q("store_result"), params).rowcount == 1
+
+
+async def store_result_async(conn: psycopg.AsyncConnection, job_id: int, attempt: int, result: str) -> bool:
+    """:func:`store_result` on an async connection."""
+    cursor = await conn.execute(q("store_result"), {"id": job_id, "attempt": attempt, "result": result})
+    return cursor.rowcount == 1
 
 
 async def complete_unfenced_async(conn: psycopg.AsyncConnection, job_id: int) -> bool:
@@ -136,26 +152,32 @@ def raising_completion(job_id: int, attempt: int, *, fence: bool = True) -> tupl
     return q("complete_unfenced"), {"id": job_id}
 
 
-def complete_many(conn: psycopg.Connection, ids: Sequence[int], attempts: Sequence[int]) -> set[int]:
+def complete_many(conn: psycopg.Connection, ids: Sequence[int], attempts: Sequence[int],
+                  results: Sequence[str | None] | None = None) -> set[int]:
     """Fenced completion of many jobs in one statement, each by its own
-    ``(id, attempt)``; returns the ids that were still owned.  One job (a
-    one-job worker's every completion) goes as ``complete``, a primary key
-    look-up, instead of the batch's unnest, join, sort and lock step, which
-    cost its backend several times as much CPU."""
+    ``(id, attempt)``, storing each one's result (``results``, by position;
+    None: none); returns the ids that were still owned.  One job (a one-job
+    worker's every completion) goes as ``complete``, a primary key look-up,
+    instead of the batch's unnest, join, sort and lock step, which cost its
+    backend several times as much CPU."""
     if len(ids) == 1:
-        return {ids[0]} if complete(conn, ids[0], attempts[0]) else set()
-    return {job_id for (job_id,) in conn.execute(q("complete_many"), _many_params(ids, attempts))}
+        return {ids[0]} if complete(conn, ids[0], attempts[0], results[0] if results else None) else set()
+    return {job_id for (job_id,) in conn.execute(q("complete_many"), _many_params(ids, attempts, results))}
 
 
-async def complete_many_async(conn: psycopg.AsyncConnection, ids: Iterable[int],
-                              attempts: Iterable[int]) -> set[int]:
+async def complete_many_async(conn: psycopg.AsyncConnection, ids: Iterable[int], attempts: Iterable[int],
+                              results: Sequence[str | None] | None = None) -> set[int]:
     """:func:`complete_many` on an async connection."""
-    cursor = await conn.execute(q("complete_many"), _many_params(ids, attempts))
+    cursor = await conn.execute(q("complete_many"), _many_params(ids, attempts, results))
     return {job_id for (job_id,) in await cursor.fetchall()}
 
 
-def _many_params(ids: Iterable[int], attempts: Iterable[int]) -> dict[str, str]:
-    return {"ids": db.array_literal(ids), "attempts": db.array_literal(attempts)}
+def _many_params(ids: Iterable[int], attempts: Iterable[int],
+                 results: Sequence[str | None] | None) -> dict[str, object]:
+    # No result at all (the common case): a NULL array, which unnest pads
+    # with NULLs, so the statement is sent as it was before results.
+    stored = list(results) if results is not None and any(r is not None for r in results) else None
+    return {"ids": db.array_literal(ids), "attempts": db.array_literal(attempts), "results": stored}
 
 
 class Reported(NamedTuple):

@@ -87,6 +87,8 @@ class JobDetail(NamedTuple):
     dedupe_key: str | None
     last_error: str | None
     last_traceback: str | None
+    #: What the handler returned (a done job's; None: nothing stored).
+    result: Any
     #: The database's clock when the row was read.
     now: dt.datetime
 

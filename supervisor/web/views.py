@@ -243,10 +243,13 @@ class Views:
         recorded = data.pop("recorded")
         if job is None:
             return self.render(request, "error.html", status=404, message=f"no job {job_id}", **data)
-        payload = "redacted" if self.dashboard.redact_payloads else pretty_json(job.payload)
+        redact = self.dashboard.redact_payloads   # a result may hold what the payload did
+        payload = "redacted" if redact else pretty_json(job.payload)
+        result = None if job.result is None else "redacted" if redact else pretty_json(job.result)
         allowed = [action for action, statuses in actions.ELIGIBLE.items() if job.status in statuses]
         return self.render(
-            request, "job.html", job=job, payload=payload, attempts=attempt_lines(job, recorded), allowed=allowed,
+            request, "job.html", job=job, payload=payload, result=result, attempts=attempt_lines(job, recorded),
+            allowed=allowed,
             idempotency_key=idempotency_key(job.id),
             dedupe_idempotency_key=dedupe_idempotency_key(job.kind, job.dedupe_key) if job.dedupe_key else None,
             **data)

@@ -47,12 +47,12 @@ class Completing(Outcomes):
         other.  Returns how many were completed."""
         if not jobs:
             return 0
-        ids, attempts = [j.id for j in jobs], [j.attempt for j in jobs]
+        ids, attempts, results = [j.id for j in jobs], [j.attempt for j in jobs], [j._result for j in jobs]
         unavailable = False
         try:
             # A deadlock or serialization failure wrote nothing: run again at once.
             with self._completion_conn() as conn:
-                done = db.retrying(lambda: store.complete_many(conn, ids, attempts),
+                done = db.retrying(lambda: store.complete_many(conn, ids, attempts, results),
                                    self.dsn, what="batched completion")
         except DatabaseError as exc:
             # Not known to be refused: the jobs stay running and are reclaimed

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from pgfence import errortext, registry
+from pgfence import errortext, registry, results
 from pgfence.backoff import Backoff
 from pgfence.errors import (DatabaseError, DatabaseUnavailable, LeaseLost, PayloadRejected, PgfenceError,
-                            TransactionConflict)
+                            ResultRejected, TransactionConflict)
 from pgfence.job import Job, JobBase
 from pgfence.observe import metrics
 from pgfence.settings import Settings
@@ -143,7 +143,10 @@ class Outcomes:
             result = spec.func(job)
             if inspect.isawaitable(result) and not job.completed:
                 return self._refuse_awaitable(job, result)
-            if not job.completed:
+            if job.completed:
+                self._keep_result(job, result, spec.store_result)
+            else:
+                job._result = results.encode(result, store=spec.store_result)
                 if deferred is not None and job.fence:
                     deferred.append(job)
                     return DEFERRED
@@ -153,6 +156,18 @@ class Outcomes:
             return self._after_error(job, exc)
         metrics.JOBS_COMPLETED.labels(job.queue, job.kind).inc()
         return DONE
+
+    @staticmethod
+    def _keep_result(job: Job, value: object, store: bool) -> None:
+        """A job its handler's own fenced block completed: its result, on
+        its history row after.  One that cannot be stored is logged; the job
+        stays done."""
+        try:
+            job._result = results.encode(value, store=store)
+            if job._result is not None:
+                job.store_result()
+        except PgfenceError as exc:
+            log.warning("job %s is done, but its result was not stored: %s", job.id, exc)
 
     def _start(self, job: JobBase) -> None:
         """Just before the handler runs: a job that waited (behind others of
@@ -191,6 +206,8 @@ class Outcomes:
             return LOST
         if isinstance(exc, PayloadRejected):
             return self._fail(job, f"payload rejected: {exc}", final=True, exc=exc)
+        if isinstance(exc, ResultRejected):
+            return self._fail(job, f"result rejected: {exc}", final=True, exc=exc)
         if isinstance(exc, PgfenceError):
             if isinstance(exc, DatabaseUnavailable) and self.pool is None:
                 self._drop_connection()

@@ -32,9 +32,9 @@ from typing import Any, Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
-from pgfence import registry
+from pgfence import registry, results
 from pgfence.asyncjob import AsyncJob
-from pgfence.errors import LeaseLost
+from pgfence.errors import LeaseLost, PgfenceError
 from pgfence.job import Job, JobBase
 from pgfence.observe import metrics
 from pgfence.settings import Settings
@@ -268,14 +268,17 @@ class LoopSlots:
             if spec is None:   # claimed with the loop's kinds: cannot happen
                 raise RuntimeError(f"no handler for kind {job.kind!r}")
             host._start(job)
-            await spec.func(job)   # type: ignore[misc]
+            value = await spec.func(job)   # type: ignore[misc]
             flight.returned = True
             if flight.cancelled and not job.completed:
                 # Still running at its timeout, so cancelled, but the cancel
                 # never reached it: it held the loop (blocking code) until
                 # it returned.  Timed out all the same, not completed.
                 raise LeaseLost(job.id, job.attempt, "timeout")
-            if not job.completed:
+            if job.completed:
+                await _keep_result(job, value, spec.store_result)
+            else:
+                job._result = results.encode(value, store=spec.store_result)
                 if job.fence:
                     outcome = DEFERRED
                 else:
@@ -316,3 +319,14 @@ def _outcome(future: Future[str] | asyncio.Future[str]) -> str:
     except BaseException as exc:  # noqa: BLE001
         log.error("async job runner failed: %s: %s", type(exc).__name__, db.first_line(exc))
         return LOST
+
+
+async def _keep_result(job: AsyncJob, value: object, store: bool) -> None:
+    """As the engine's ``_keep_result``, for an async job its handler's
+    fenced block completed."""
+    try:
+        job._result = results.encode(value, store=store)
+        if job._result is not None:
+            await job.store_result()
+    except PgfenceError as exc:
+        log.warning("job %s is done, but its result was not stored: %s", job.id, exc)
