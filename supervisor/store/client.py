@@ -67,11 +67,13 @@ _COLUMNS = (("kinds", "kind"), ("payloads", "payload"), ("queues", "queue"), ("p
 
 def enqueue_many(conn: psycopg.Connection[Any], jobs: Sequence[EnqueueParams]) -> list[int]:
     """Enqueue ``jobs`` in the caller's transaction, one statement per
-    :data:`MANY_CHUNK`; their ids in order.  A job the statement could not
-    place (its dedupe key's holder was committed by another transaction
-    while the statement ran: see ``enqueue_many`` in client.sql) is enqueued
-    again on its own, by :func:`enqueue`'s statement."""
+    :data:`MANY_CHUNK`; their ids in order.  A job the statement did not
+    insert (its dedupe key is held) gets the id of the job of the same call
+    that holds the key, else that of the live holder, found by enqueue's own
+    statement (one round trip for each such job: the look-up and its retry,
+    should the holder finish meanwhile, are pgfence.enqueue()'s)."""
     ids: list[int] = []
+    taken: dict[tuple[str, str], int] = {}
     for start in range(0, len(jobs), MANY_CHUNK):
         chunk = jobs[start:start + MANY_CHUNK]
         params: dict[str, list[Any]] = {name: [job[field] for job in chunk]  # type: ignore[literal-required]
@@ -80,7 +82,14 @@ def enqueue_many(conn: psycopg.Connection[Any], jobs: Sequence[EnqueueParams]) -
         if len(rows) != len(chunk):
             raise AssertionError(f"enqueue_many returned {len(rows)} rows for {len(chunk)} jobs")
         for job, (job_id,) in zip(chunk, rows, strict=True):
-            ids.append(job_id if job_id is not None else enqueue(conn, job))
+            key = job["dedupe_key"]
+            if job_id is None:
+                job_id = taken.get((job["kind"], key)) if key is not None else None
+                if job_id is None:
+                    job_id = enqueue(conn, job)
+            if key is not None:
+                taken.setdefault((job["kind"], key), job_id)
+            ids.append(job_id)
     return ids
 
 
