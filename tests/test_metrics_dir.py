@@ -159,3 +159,17 @@ def test_a_run_sweeps_the_folder_a_sigkilled_supervisor_left_and_no_live_ones(ds
     assert "deleted" not in kept.log()
     assert kept.stop() == 0 and third.stop() == 0
     assert folders() == {}
+
+
+def test_a_run_refused_for_bad_input_leaves_no_folder_and_sweeps_nothing(dsn, tmp_path):
+    """A run that stops at its handler modules says one line and changes
+    nothing: its own temp metrics folder is deleted, and the folder a gone
+    supervisor left is left for the next run that starts."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    gone = made_folder(temp, "gone", f"{socket.gethostname()} {dead_pid()} 123\n")
+    out = pgfence("run", "--handlers", "no_such_module_here", env=env_for(dsn, TMPDIR=str(temp)))
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("pgfence: error: ")
+    assert "no_such_module_here" in out.stderr
+    assert [p.name for p in temp.iterdir()] == [gone.name]

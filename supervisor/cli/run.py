@@ -70,24 +70,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Before anything imports prometheus_client (the handlers do, through
     # supervisor.Job): every process of this run writes its metrics there.
     metrics_dir = multiproc.prepare(settings.metrics_dir)
-    from pgfence.prefork.arbiter import Arbiter
-
-    # Handlers are imported here, before the fork, so a module that fails to
-    # import stops the arbiter with one line, and children share its pages.
-    load_handlers(settings)
-    dsn, conn = connect(args)
-    instance = identity.new_instance_id()
-    with conn:
-        require_migrated(conn)
-        register_kinds(conn, identity.supervisor_name(os.getpid(), instance))
-    # The connection above is closed: the arbiter holds none when it forks.
-    sock = bind_metrics(settings)
-    arbiter = Arbiter(dsn, settings, reload_settings=lambda: worker_command_settings(args), metrics_sock=sock,
-                      instance=instance)
-    log.info("pgfence run: %d workers, queues %s, lease %gs, database %s, metrics files in %s", settings.workers,
-             ",".join(settings.queues), settings.lease, db.redact(dsn), metrics_dir)
+    own = settings.metrics_dir is None and not os.environ.get("RUNTIME_DIRECTORY")
     try:
+        from pgfence.prefork.arbiter import Arbiter
+
+        # Handlers are imported here, before the fork, so a module that fails to
+        # import stops the arbiter with one line, and children share its pages.
+        load_handlers(settings)
+        dsn, conn = connect(args)
+        instance = identity.new_instance_id()
+        with conn:
+            require_migrated(conn)
+            register_kinds(conn, identity.supervisor_name(os.getpid(), instance))
+        # The connection above is closed: the arbiter holds none when it forks.
+        sock = bind_metrics(settings)
+        multiproc.sweep_gone()
+        arbiter = Arbiter(dsn, settings, reload_settings=lambda: worker_command_settings(args), metrics_sock=sock,
+                          instance=instance)
+        log.info("pgfence run: %d workers, queues %s, lease %gs, database %s, metrics files in %s",
+                 settings.workers, ",".join(settings.queues), settings.lease, db.redact(dsn), metrics_dir)
         return arbiter.run()
     finally:
-        if settings.metrics_dir is None and not os.environ.get("RUNTIME_DIRECTORY"):
-            shutil.rmtree(metrics_dir, ignore_errors=True)   # our own temp dir
+        if own:
+            shutil.rmtree(metrics_dir, ignore_errors=True)   # our own temp dir, also after bad input

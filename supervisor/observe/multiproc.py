@@ -115,19 +115,27 @@ def sweep(parent: Path) -> list[Path]:
 
 def default_dir() -> Path:
     """systemd's RuntimeDirectory when there is one, else a private temp dir
-    (after sweeping those that runs killed before they could delete theirs)."""
+    (see :func:`sweep_gone` for those of runs killed before they could
+    delete theirs)."""
     runtime = os.environ.get("RUNTIME_DIRECTORY")
     if runtime:
         return Path(runtime.split(":")[0]) / "metrics"
-    parent = Path(tempfile.gettempdir())
-    swept = sweep(parent)
-    if swept:
-        log.info("deleted %d metrics folder(s) of supervisors that are gone: %s", len(swept),
-                 ", ".join(folder.name for folder in swept))
-    path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=parent))
+    path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=tempfile.gettempdir()))
     (path / MARKER).write_text(_MARKER_TEXT)
     (path / OWNER).write_text(owner_line(os.getpid()))
     return path
+
+
+def sweep_gone() -> None:
+    """Delete the temp metrics folders of supervisors that are gone, once
+    this run's settings, handlers and database were found good (a run
+    refused for bad input changes nothing and says one line)."""
+    if os.environ.get("RUNTIME_DIRECTORY"):
+        return
+    swept = sweep(Path(tempfile.gettempdir()))
+    if swept:
+        log.info("deleted %d metrics folder(s) of supervisors that are gone: %s", len(swept),
+                 ", ".join(folder.name for folder in swept))
 
 
 def claim_dir(path: Path) -> list[Path]:
