@@ -64,6 +64,13 @@ def test_results_are_stored_in_every_mode(conn, supervisors, mode):
     sup = supervisors("a", **options)
     wait_for(lambda: conn.execute("SELECT count(*) FROM pgfence.job_history").fetchone()[0] == len(ids),
              timeout=30, message="every job finished")
+    # A job its own fenced block completed gets its result a moment after it is done (one update after
+    # the handler returned), and the warning of an unstorable one follows that block too.
+    fenced = [ids[p, "fenced"] for p in prefixes]
+    wait_for(lambda: conn.execute("SELECT count(*) FROM pgfence.job_history WHERE id = ANY(%s) AND result IS NOT NULL",
+                                  (fenced,)).fetchone()[0] == len(fenced), timeout=30, message="the fenced results")
+    wait_for(lambda: sup.log().count("is done, but its result was not stored") == len(prefixes), timeout=30,
+             message="the warnings of the unstorable results")
     for p in prefixes:
         got = {name: get_job(conn, ids[p, name]) for name in NAMES}
         job_id = ids[p, "value"]
