@@ -14,7 +14,8 @@ from pgfence.store import migrate
 EXPECTED_MIGRATIONS = [(1, "jobs"), (2, "handler_tables"), (3, "jobs_fillfactor"), (4, "complete_fenced"),
                        (5, "claim_indexes"), (6, "kinds"), (7, "putbacks_tracebacks"),
                        (8, "names"), (9, "job_history"), (10, "jobs_autovacuum"), (11, "periodic"),
-                       (12, "operations"), (13, "bulk_actions"), (14, "job_results")]
+                       (12, "operations"), (13, "bulk_actions"), (14, "job_results"),
+                       (15, "attempt_tracebacks")]
 
 
 def schema_dump(conn: psycopg.Connection, *, with_applied_at: bool = True) -> dict:

@@ -175,7 +175,7 @@ RETURNING id;
 -- a stale worker's report matches neither.  last_traceback is the error's
 -- traceback, or NULL when it has none.  The attempt is recorded in
 -- pgfence.job_attempts (%(outcome)s: error or timeout, with the error as
--- its detail) when either branch took the job; its worker and start come
+-- its detail and its traceback) when either branch took the job; its worker and start come
 -- from the row as this statement's snapshot saw it (the update clears
 -- locked_by, and its RETURNING gives the new values only).
 WITH mine AS (
@@ -205,8 +205,8 @@ WITH mine AS (
        AND NOT (attempt - putbacks >= max_attempts OR %(final)s)
     RETURNING status, queue, kind, attempt - putbacks AS spent, max_attempts
 ), noted AS (
-    INSERT INTO pgfence.job_attempts (job_id, attempt, worker, started_at, outcome, detail)
-    SELECT %(id)s, %(attempt)s, m.locked_by, m.started_at, %(outcome)s, %(error)s
+    INSERT INTO pgfence.job_attempts (job_id, attempt, worker, started_at, outcome, detail, traceback)
+    SELECT %(id)s, %(attempt)s, m.locked_by, m.started_at, %(outcome)s, %(error)s, %(traceback)s::text
       FROM mine m
      WHERE EXISTS (SELECT 1 FROM archived) OR EXISTS (SELECT 1 FROM retried)
     ON CONFLICT DO NOTHING

@@ -59,7 +59,7 @@ SELECT id, queue, kind, status, payload, attempt, max_attempts, reclaims, max_re
 -- name: web_job_attempts
 -- The attempts of one job that did not simply succeed (errors, leases lost,
 -- completions the fence refused, releases, cancels, timeouts), in order.
-SELECT attempt, worker, started_at, ended_at, outcome, detail
+SELECT attempt, worker, started_at, ended_at, outcome, detail, traceback
   FROM pgfence.job_attempts
  WHERE job_id = %(id)s::bigint
  ORDER BY attempt, ended_at, outcome;

@@ -109,6 +109,8 @@ class AttemptRow(NamedTuple):
     #: error, lease_lost, fence_rejected, released, cancelled or timeout.
     outcome: str
     detail: str | None
+    #: The error's traceback (an error or a timeout; migration 0015), or None.
+    traceback: str | None = None
 
 
 def job_attempts(conn: psycopg.Connection, job_id: int) -> list[AttemptRow]:

@@ -83,7 +83,7 @@ def attempt_lines(job: store.JobDetail, recorded: list[store.AttemptRow]) -> lis
     """The attempts recorded (those that did not simply succeed), then the
     job's own state: its successful last attempt, the one running now, the
     next one waiting, or a failure or cancel that left no row of its own."""
-    lines = [AttemptLine(*row) for row in recorded]
+    lines = [AttemptLine(*row[:6]) for row in recorded]
     has_row = {row.attempt for row in recorded}
     if job.status == "done":
         lines.append(AttemptLine(job.attempt, job.worker, job.started_at, job.finished_at, "done", None))
