@@ -35,7 +35,9 @@ in :data:`LAYERS` that names it):
    dashboard);
 8. ``web``: the dashboard;
 9. ``cli``: the command line;
-10. ``tools``: the demo, the load test, the mail sink.
+10. ``contrib``: the integrations with frameworks (the Django tasks backend,
+    whose management command runs the command line);
+11. ``tools``: the demo, the load test, the mail sink.
 
 The rule: no module imports a module of a higher layer.  One exception,
 named in :data:`UPWARD`: the CLI's command that runs a tool imports it,
@@ -75,6 +77,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("admin", ("pgfence.admin",)),
     ("web", ("pgfence.web",)),
     ("cli", ("pgfence.cli", "pgfence.__main__")),
+    ("contrib", ("pgfence.contrib",)),
     ("tools", ("pgfence.tools",)),
 ]
 

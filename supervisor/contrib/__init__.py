@@ -1,0 +1,2 @@
+"""Integrations of pgfence with frameworks: :mod:`pgfence.contrib.django`
+(a ``django.tasks`` backend, extra ``pgfence[django]``)."""

@@ -1,0 +1,39 @@
+"""The Django tasks backend's statement (``sql/queries/tasks.sql``): one
+task enqueued on Django's connection, its id and enqueue time in one round
+trip.  Like the other store modules, it neither translates driver errors
+nor retries."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, NamedTuple, TypedDict
+
+import psycopg
+
+from pgfence.store.queries import q
+
+
+class TaskParams(TypedDict):
+    """The ``task_enqueue`` statement's parameters."""
+
+    kind: str
+    #: ``{"args": [...], "kwargs": {...}}`` as JSON text.
+    payload: str
+    queue: str
+    priority: int
+    run_at: datetime.datetime | None
+    #: None: the kind's option, else pgfence's default.
+    max_attempts: int | None
+
+
+class Enqueued(NamedTuple):
+    id: int
+    enqueued_at: datetime.datetime
+
+
+def enqueue(conn: psycopg.Connection[Any], params: TaskParams) -> Enqueued:
+    """Enqueue one task's job in the caller's transaction."""
+    row = conn.execute(q("task_enqueue"), dict(params)).fetchone()
+    if row is None:   # a SELECT of one function call always returns its row
+        raise AssertionError("task_enqueue returned no row")
+    return Enqueued(int(row[0]), row[1])
