@@ -4,7 +4,7 @@ from django.db import models
 
 
 class Order(models.Model):
-    reference = models.CharField(max_length=64, unique=True)
+    reference = models.CharField(max_length=64)
     total_cents = models.PositiveIntegerField()
 
 

@@ -14,19 +14,37 @@ except ImportError:          # Django 5.2: the django-tasks backport
 from orders.models import Order, Shipment
 
 
+def _slow_partner() -> None:
+    """A slow partner system: in the tests, long enough to lose the lease."""
+    pause = float(os.environ.get("SHOP_PARTNER_PAUSE", "0"))
+    if pause:
+        time.sleep(pause)
+
+
+@task
+def import_order(reference: str, total_cents: int) -> int:
+    """Import an order from a partner: the Order row commits with the job's
+    completion, or (an attempt that lost its job meanwhile) not at all."""
+    _slow_partner()
+    with fenced():
+        order = Order.objects.create(reference=reference, total_cents=total_cents)
+    return order.pk
+
+
 @task
 def ship(order_id: int) -> dict:
-    """Record the order's shipment: the write commits with the job's
-    completion, or (a stale attempt) not at all."""
+    """Record the order's shipment, fenced like import_order."""
     job = current_job()
     assert job is not None
-    pause = float(os.environ.get("SHOP_SHIP_PAUSE", "0"))
-    if pause:
-        time.sleep(pause)    # a slow carrier: long enough, in the tests, to lose the lease
     label = f"label-{order_id}"
     with fenced():
         Shipment.objects.create(order=Order.objects.get(pk=order_id), label=label, attempt=job.attempt)
     return {"order": order_id, "label": label}
+
+
+@task
+def noop() -> None:
+    return None
 
 
 @task(priority=10, queue_name="mail")

@@ -25,7 +25,7 @@ def migrate_schema(sender: Any, using: str = "default", verbosity: int = 1, **kw
     """After ``manage.py migrate`` on ``using``: apply pgfence's pending
     migrations there, when a pgfence tasks backend keeps its jobs in it."""
     from pgfence.contrib.django import connection
-    from pgfence.contrib.django.runner import pgfence_backends
+    from pgfence.contrib.django.backend import pgfence_backends
     from pgfence.store import db, migrate
 
     if using not in {b.database for b in pgfence_backends().values()}:

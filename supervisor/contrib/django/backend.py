@@ -151,3 +151,13 @@ class PgfenceBackend(compat.BaseTaskBackend):
         """:meth:`get_result` from async code."""
         return await sync_to_async(self.get_result, thread_sensitive=True)(result_id)
 
+
+
+def pgfence_backends() -> dict[str, PgfenceBackend]:
+    """The configured task backends that are pgfence's, by alias."""
+    found = {}
+    for alias in compat.task_backends.settings:
+        backend = compat.task_backends[alias]
+        if isinstance(backend, PgfenceBackend):
+            found[alias] = backend
+    return found

@@ -33,15 +33,19 @@ import inspect
 from collections.abc import Callable
 from contextlib import ContextDecorator
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import transaction
 
 from pgfence.contrib.django import connection
 from pgfence.errors import LeaseLost, TransactionConflict
-from pgfence.job import JobBase
 from pgfence.store import db, jobs
+
+if TYPE_CHECKING:
+    # Only for annotations: importing pgfence.job at run time would import
+    # prometheus_client before `pgfence run` sets up its metrics folder.
+    from pgfence.job import JobBase
 
 T = TypeVar("T")
 

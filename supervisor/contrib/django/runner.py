@@ -36,6 +36,7 @@ from django.utils import timezone
 from pgfence import registry, results
 from pgfence.asyncjob import AsyncJob
 from pgfence.contrib.django import compat, fence
+from pgfence.contrib.django.backend import pgfence_backends
 from pgfence.contrib.django.errors import TaskExited
 from pgfence.errors import ResultRejected
 from pgfence.job import Job, JobBase
@@ -44,18 +45,6 @@ log = logging.getLogger("pgfence.django")
 
 #: This process, as a running task's TaskResult names its worker.
 _WORKER = f"{socket.gethostname()}:{os.getpid()}"
-
-
-def pgfence_backends() -> dict[str, Any]:
-    """The configured task backends that are pgfence's, by alias."""
-    from pgfence.contrib.django.backend import PgfenceBackend
-
-    found = {}
-    for alias in compat.task_backends.settings:
-        backend = compat.task_backends[alias]
-        if isinstance(backend, PgfenceBackend):
-            found[alias] = backend
-    return found
 
 
 def _task_modules(backends: dict[str, Any]) -> list[str]:

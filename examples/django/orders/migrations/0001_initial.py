@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
             name="Order",
             fields=[
                 ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("reference", models.CharField(max_length=64, unique=True)),
+                ("reference", models.CharField(max_length=64)),
                 ("total_cents", models.PositiveIntegerField()),
             ],
         ),

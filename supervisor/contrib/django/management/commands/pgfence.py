@@ -50,7 +50,7 @@ class Command(BaseCommand):
         from django.db import connections
 
         from pgfence.contrib.django import connection
-        from pgfence.contrib.django.runner import pgfence_backends
+        from pgfence.contrib.django.backend import pgfence_backends
 
         argv: list[str] = list(options["argv"])
         backends = pgfence_backends()

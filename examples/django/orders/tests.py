@@ -1,0 +1,224 @@
+"""The example shop's tests: its tasks on pgfence, run by real
+``manage.py pgfence run`` supervisors against Django's test database.
+
+Run them with Django's test runner (a PostgreSQL server named by
+PGFENCE_DSN, default the local one)::
+
+    python manage.py test orders
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from django.db import connection, transaction
+from django.test import TransactionTestCase
+
+from orders import tasks
+from orders.models import Order
+
+try:
+    from django.tasks import TaskResultStatus
+except ImportError:
+    from django_tasks import TaskResultStatus
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "the condition") -> Any:
+    """Poll ``condition`` until it is truthy (its value) or the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def rows(sql: str, params: tuple = ()) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+class Supervisor:
+    """A real ``manage.py pgfence run`` on the test database."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        settings = connection.settings_dict
+        dsn = f"dbname={settings['NAME']} host={settings['HOST'] or '127.0.0.1'} user={settings['USER']}"
+        if settings["PORT"]:
+            dsn += f" port={settings['PORT']}"
+        self.metrics = Path(tempfile.mkdtemp(prefix="shop-metrics-"))
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "pgfence", "run", "--workers", "1", "--metrics-port", "0",
+             "--metrics-dir", str(self.metrics), "--poll-interval", "0.2s", *args],
+            cwd=HERE, env={**os.environ, "PGFENCE_DSN": dsn, **(env or {})}, stdout=self.log, stderr=self.log)
+
+    def child(self) -> int:
+        """The pid of the supervisor's one worker child."""
+        def found() -> int | None:
+            try:
+                children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+            except FileNotFoundError:
+                return None
+            for pid in children:
+                if "worker" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                    return int(pid)
+            return None
+        return wait_for(found, what="the worker child")
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"the supervisor did not stop on TERM:\n{self.output()}") from None
+
+    def double_runs_prevented(self) -> float:
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(self.metrics))
+        return sum(s.value for family in registry.collect() for s in family.samples
+                   if s.name == "pgfence_double_run_prevented_total")
+
+
+class ShopTasks(TransactionTestCase):
+    def setUp(self) -> None:
+        self.supervisors: list[Supervisor] = []
+        # Django flushes its own tables between tests, not pgfence's.
+        with connection.cursor() as cursor:
+            cursor.execute("TRUNCATE pgfence.jobs, pgfence.job_history, pgfence.job_attempts")
+
+    def tearDown(self) -> None:
+        for supervisor in self.supervisors:
+            if supervisor.proc.poll() is None:
+                supervisor.proc.kill()
+                supervisor.proc.wait()
+
+    def start(self, *args: str, env: dict[str, str] | None = None) -> Supervisor:
+        supervisor = Supervisor(*args, env=env)
+        self.supervisors.append(supervisor)
+        return supervisor
+
+    def finished(self, result: Any) -> Any:
+        def done() -> bool:
+            result.refresh()
+            return result.is_finished
+        try:
+            wait_for(done, what=f"task {result.id} to finish")
+        except AssertionError:
+            raise AssertionError(f"task {result.id} did not finish; the supervisors said:\n"
+                                 + "\n".join(s.output() for s in self.supervisors)) from None
+        return result
+
+    def test_a_task_enqueued_in_a_rolled_back_atomic_block_leaves_no_job(self) -> None:
+        with self.assertRaises(RuntimeError), transaction.atomic():
+            order = Order.objects.create(reference="A-1", total_cents=1200)
+            tasks.ship.enqueue(order.pk)
+            raise RuntimeError("payment declined")
+        self.assertEqual(rows("SELECT count(*) FROM pgfence.all_jobs"), [(0,)])
+        self.assertEqual(Order.objects.count(), 0)
+
+    def test_a_committed_task_runs_and_its_result_is_successful_with_its_return_value(self) -> None:
+        with transaction.atomic():
+            order = Order.objects.create(reference="A-2", total_cents=1200)
+            result = tasks.ship.enqueue(order.pk)
+        self.assertEqual(result.status, TaskResultStatus.READY)
+        supervisor = self.start()
+        self.finished(result)
+        self.assertEqual(result.status, TaskResultStatus.SUCCESSFUL)
+        self.assertEqual(result.return_value, {"order": order.pk, "label": f"label-{order.pk}"})
+        self.assertEqual((result.attempts, result.errors), (1, []))
+        self.assertEqual(rows("SELECT label, attempt FROM orders_shipment"), [(f"label-{order.pk}", 1)])
+        self.assertEqual(supervisor.stop(), 0)
+
+    def test_a_raising_task_fails_after_its_attempts_with_each_errors_class_path_and_traceback(self) -> None:
+        result = tasks.declined.enqueue(7)
+        self.start("--backoff-base", "0.1s", "--backoff-max", "0.2s")
+        self.finished(result)
+        self.assertEqual(result.status, TaskResultStatus.FAILED)
+        self.assertEqual(result.attempts, 3)   # MAX_ATTEMPTS of the settings
+        self.assertEqual([e.exception_class_path for e in result.errors], ["builtins.ValueError"] * 3)
+        self.assertEqual([e.exception_class for e in result.errors], [ValueError] * 3)
+        for error in result.errors:
+            self.assertTrue(error.traceback.startswith("Traceback (most recent call last):\n"), error.traceback)
+            self.assertIn('orders/tasks.py", line', error.traceback)
+            self.assertTrue(error.traceback.endswith("ValueError: card declined for order 7\n"), error.traceback)
+        with self.assertRaisesMessage(ValueError, "Task failed"):
+            result.return_value  # noqa: B018
+
+    def test_priority_order_and_run_after_hold(self) -> None:
+        later = tasks.log_reference.using(run_after=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2))
+        delayed = later.enqueue("delayed")
+        low = tasks.log_reference.using(priority=-5).enqueue("low")
+        high = tasks.log_reference.using(priority=50).enqueue("high")
+        middle = tasks.log_reference.enqueue("middle")
+        supervisor = self.start()
+        for result in (low, high, middle):
+            self.finished(result)
+        self.assertEqual(sorted([low, high, middle], key=lambda r: r.started_at), [high, middle, low])
+        delayed.refresh()
+        self.assertEqual(delayed.status, TaskResultStatus.READY)
+        self.finished(delayed)
+        self.assertGreaterEqual(delayed.started_at, later.run_after)
+        self.assertEqual(delayed.return_value, "delayed")
+        self.assertEqual(supervisor.stop(), 0)
+
+    def test_an_async_task_runs_on_the_loop_and_reads_the_orm(self) -> None:
+        Order.objects.create(reference="A-3", total_cents=100)
+        result = tasks.count_orders_later.enqueue(0.05)
+        context = tasks.attempt_number.enqueue()
+        supervisor = self.start()
+        self.finished(result)
+        self.finished(context)
+        self.assertEqual((result.status, result.return_value), (TaskResultStatus.SUCCESSFUL, 1))
+        self.assertEqual(context.return_value, 1)
+        self.assertEqual(supervisor.stop(), 0)
+
+    def test_a_stale_attempt_after_sigstop_leaves_one_order_and_is_counted_as_a_double_run_prevented(self) -> None:
+        result = tasks.import_order.enqueue("P-1", 4200)
+        # A: its partner call lasts 3 s; the lease is 1 s, and A is stopped.
+        slow = self.start("--lease", "1s", "--lost-lease-kill-after", "120s",
+                          env={"SHOP_PARTNER_PAUSE": "3"})
+        child = slow.child()
+        wait_for(lambda: rows("SELECT attempt FROM pgfence.jobs WHERE status = 'running'") == [(1,)],
+                 what="A to run the task")
+        os.kill(child, signal.SIGSTOP)
+        try:
+            fast = self.start("--lease", "5s")
+            self.finished(result)
+            self.assertEqual((result.status, result.attempts), (TaskResultStatus.SUCCESSFUL, 2))
+        finally:
+            os.kill(child, signal.SIGCONT)
+        # A wakes, finishes its partner call, and its fenced block is refused.
+        wait_for(lambda: rows("SELECT outcome FROM pgfence.job_attempts WHERE attempt = 1 "
+                              "AND outcome = 'fence_rejected'"), what="A's refused completion")
+        self.assertEqual(list(Order.objects.values_list("reference", "total_cents")), [("P-1", 4200)])
+        self.assertEqual(result.return_value, Order.objects.get().pk)
+        self.assertEqual(sorted(rows("SELECT attempt, outcome FROM pgfence.job_attempts")),
+                         [(1, "fence_rejected"), (1, "lease_lost")])
+        self.assertEqual(slow.stop(), 0)
+        self.assertEqual(fast.stop(), 0)
+        self.assertEqual(slow.double_runs_prevented(), 1.0)
+        self.assertEqual(fast.double_runs_prevented(), 0.0)
