@@ -20,16 +20,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from django.core import checks
 from django.db import connection, transaction
-from django.test import TransactionTestCase
+from django.test import TransactionTestCase, override_settings
 
 from orders import tasks
 from orders.models import Order
 
 try:
-    from django.tasks import TaskResultStatus
+    from django.tasks import TaskResultStatus, default_task_backend
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 except ImportError:
-    from django_tasks import TaskResultStatus
+    from django_tasks import TaskResultStatus, default_task_backend
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask
+    from django_tasks.exceptions import TaskResultDoesNotExist
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -61,7 +65,7 @@ class Supervisor:
         if settings["PORT"]:
             dsn += f" port={settings['PORT']}"
         self.metrics = Path(tempfile.mkdtemp(prefix="shop-metrics-"))
-        self.log = tempfile.TemporaryFile()
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - read and closed with the supervisor
         self.proc = subprocess.Popen(
             [sys.executable, "manage.py", "pgfence", "run", "--workers", "1", "--metrics-port", "0",
              "--metrics-dir", str(self.metrics), "--poll-interval", "0.2s", *args],
@@ -222,3 +226,71 @@ class ShopTasks(TransactionTestCase):
         self.assertEqual(fast.stop(), 0)
         self.assertEqual(slow.double_runs_prevented(), 1.0)
         self.assertEqual(fast.double_runs_prevented(), 0.0)
+
+    def test_arguments_json_cannot_carry_are_refused_before_anything_is_written(self) -> None:
+        with self.assertRaises(TypeError):
+            tasks.log_reference.enqueue(dt.datetime.now(dt.UTC))
+        with self.assertRaises(TypeError):
+            tasks.log_reference.enqueue(reference={1, 2})
+        self.assertEqual(rows("SELECT count(*) FROM pgfence.all_jobs"), [(0,)])
+        # Django's normalisation: a tuple is stored (and read back) as a list.
+        result = tasks.log_reference.enqueue(("a", "b"))
+        self.assertEqual(result.args, [["a", "b"]])
+        self.assertEqual(default_task_backend.get_result(result.id).args, [["a", "b"]])
+
+    def test_unknown_and_invalid_ids_raise_task_result_does_not_exist(self) -> None:
+        for result_id in ("999999", "abc", "0", "-3", "1.5", ""):
+            with self.subTest(result_id), self.assertRaises(TaskResultDoesNotExist):
+                default_task_backend.get_result(result_id)
+
+    def test_a_queue_pgfence_cannot_serve_is_refused_by_validation_and_reported_by_check(self) -> None:
+        with override_settings(TASKS={"default": {"BACKEND": "pgfence.contrib.django.PgfenceBackend",
+                                                  "QUEUES": ["bad queue", "default"]}}):
+            from orders.tasks import noop
+
+            with self.assertRaisesMessage(InvalidTask, "invalid queue name 'bad queue'"):
+                noop.using(queue_name="bad queue").enqueue()
+            found = [m.id for m in default_task_backend.check()]
+        self.assertEqual(found, ["pgfence.E003"])
+        self.assertEqual(rows("SELECT count(*) FROM pgfence.all_jobs"), [(0,)])
+
+    def test_check_reports_a_database_that_is_not_postgresql(self) -> None:
+        databases = {"default": connection.settings_dict, "other": {"ENGINE": "django.db.backends.sqlite3",
+                                                                    "NAME": ":memory:"}}
+        with override_settings(DATABASES=databases,
+                               TASKS={"default": {"BACKEND": "pgfence.contrib.django.PgfenceBackend",
+                                                  "OPTIONS": {"DATABASE": "missing"}}}):
+            messages = list(default_task_backend.check())
+        self.assertEqual([(m.level, m.id) for m in messages], [(checks.ERROR, "pgfence.E001")])
+        self.assertIn("no alias 'missing'", messages[0].msg)
+
+    def test_connections_stay_flat_over_ten_thousand_tasks(self) -> None:
+        def connections_now() -> tuple[int, set[str]]:
+            """Django's connections (no application name) and pgfence's own."""
+            found = rows("SELECT application_name FROM pg_stat_activity WHERE datname = current_database() "
+                         "AND pid <> pg_backend_pid()")
+            return (sum(1 for (name,) in found if not name),
+                    {name.split(" vm")[0].split(" ")[1] if name.startswith("pgfence worker") else name
+                     for (name,) in found if name})
+
+        def drained() -> bool:
+            return rows("SELECT count(*) FROM pgfence.jobs") == [(0,)]
+
+        first = [tasks.noop.enqueue() for _ in range(1_000)]
+        supervisor = self.start("--workers", "2", "--threads", "4")
+        self.finished(first[-1])
+        wait_for(drained, what="the first thousand")
+        django_first, pgfence_first = connections_now()
+        # One per worker thread: 2 children of 4 threads, kept between tasks.
+        self.assertEqual(django_first, 8)
+        for _ in range(9):
+            batch = [tasks.noop.enqueue() for _ in range(1_000)]
+            self.finished(batch[-1])
+            wait_for(drained, what="a thousand more")
+            django_now, pgfence_now = connections_now()
+            self.assertEqual(django_now, django_first)
+            # pgfence's own: the workers' and the services', opened once each.
+            self.assertLessEqual(pgfence_now, {"worker", "pgfence heartbeat", "pgfence presence", "pgfence vacuum"})
+        self.assertEqual(rows("SELECT status, count(*) FROM pgfence.job_history GROUP BY status"), [("done", 10_000)])
+        self.assertEqual(supervisor.stop(), 0)
+        wait_for(lambda: connections_now() == (0, set()), what="the supervisor's connections to close")
