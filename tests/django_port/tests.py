@@ -372,10 +372,10 @@ class DatabaseBackendTestCase(PgfenceTestCase):
 
     def test_custom_id_function(self) -> None:
         for id_function in ["uuid.uuid1", uuid.uuid1, "django.contrib.postgres.functions.RandomUUID"]:
-            with self.subTest(id_function), override_settings(
-                    TASKS={"default": {"BACKEND": BACKEND, "OPTIONS": {"id_function": id_function}}}):
-                with self.assertRaisesMessage(InvalidTaskBackend, "unknown OPTIONS id_function"):
-                    test_tasks.noop_task.enqueue()
+            tasks = {"default": {"BACKEND": BACKEND, "OPTIONS": {"id_function": id_function}}}
+            with self.subTest(id_function), override_settings(TASKS=tasks), \
+                    self.assertRaisesMessage(InvalidTaskBackend, "unknown OPTIONS id_function"):
+                test_tasks.noop_task.enqueue()
 
 
 def run_worker(*args: str, queues: str | None = "default", name: str | None = None,
@@ -825,8 +825,7 @@ class Worker:
         return code
 
     def started(self) -> bool:
-        return any(f"worker {self.name} on queues" in line or "supervisor" in line.lower() and "started" in line
-                   for line in list(self.lines))
+        return any(f"worker {self.name} on queues" in line for line in list(self.lines))
 
 
 class DatabaseWorkerProcessTestCase(PgfenceTestCase):
@@ -890,7 +889,8 @@ class DatabaseWorkerProcessTestCase(PgfenceTestCase):
                     result = test_tasks.sleep_for.enqueue(2)
                     self.assertEqual(default_task_backend.get_result(result.id).worker_ids, [])
 
-                    worker = self.start_worker(command=command, *(["--workers", "1"] if command == "run" else []))
+                    extra = ["--workers", "1"] if command == "run" else []
+                    worker = self.start_worker(*extra, command=command)
 
                     wait_for(lambda: self.running(result), what="the task's start", worker=worker)  # noqa: B023
                     self.assertNotEqual(result.worker_ids, [])
