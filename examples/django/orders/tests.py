@@ -294,3 +294,28 @@ class ShopTasks(TransactionTestCase):
         self.assertEqual(rows("SELECT status, count(*) FROM pgfence.job_history GROUP BY status"), [("done", 10_000)])
         self.assertEqual(supervisor.stop(), 0)
         wait_for(lambda: connections_now() == (0, set()), what="the supervisor's connections to close")
+
+    def test_a_forked_child_forgets_the_parents_connection_without_ending_its_session(self) -> None:
+        from django.db import connections
+
+        from pgfence.contrib.django.connection import drop_inherited
+
+        parent_backend = rows("SELECT pg_backend_pid()")[0][0]
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:   # the child: forget, then open its own connection
+            code = 1
+            try:
+                drop_inherited()
+                os.write(write, str(rows("SELECT pg_backend_pid()")[0][0]).encode())
+                connections.close_all()     # as close_old_connections() after a task
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        child_backend = int(os.read(read, 64).decode() or 0)
+        os.close(read)
+        self.assertEqual(os.waitpid(pid, 0)[1], 0)
+        self.assertNotIn(child_backend, (0, parent_backend))
+        # The parent's session is untouched: same backend, still answering.
+        self.assertEqual(rows("SELECT pg_backend_pid()")[0][0], parent_backend)
