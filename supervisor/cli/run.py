@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 
 from pgfence import identity, registry
 from pgfence import settings as settings_mod
@@ -19,10 +20,18 @@ from pgfence.store import db
 
 log = logging.getLogger("pgfence")
 
+#: The longest worker name ``--name`` may give (it is the jobs' locked_by).
+NAME_MAX = 128
+
 
 def cmd_work(args: argparse.Namespace) -> int:
     from pgfence.worker.engine import make_worker
 
+    if args.max_jobs is not None and args.max_jobs < 1:
+        raise ConfigError(f"invalid --max-jobs: must be at least 1, got {args.max_jobs}")
+    if args.name is not None and not (0 < len(args.name) <= NAME_MAX and args.name.isprintable()):
+        raise ConfigError(f"invalid --name: must be 1 to {NAME_MAX} printable characters, got "
+                          f"{len(args.name)} character(s)")
     settings = worker_command_settings(args)
     if args.unprotected:
         settings = settings.replace(renew=False, fence=False)
@@ -34,9 +43,15 @@ def cmd_work(args: argparse.Namespace) -> int:
         register_kinds(conn, worker.name)
 
     def on_signal(signum: int, _frame: object) -> None:
-        # Record only; the loop stops claiming and finishes the running job.
+        # The first: record only; the loop stops claiming and finishes the
+        # running jobs.  The second: stop at once, whatever runs (a job on a
+        # thread or on the event loop too, which a KeyboardInterrupt raised
+        # here would wait for); the jobs held come back when their leases
+        # run out, as after a kill.
         if worker.stopping:
-            raise KeyboardInterrupt
+            print("pgfence: interrupted", file=sys.stderr, flush=True)
+            logging.shutdown()
+            os._exit(130)
         worker.request_stop()
 
     signal.signal(signal.SIGTERM, on_signal)

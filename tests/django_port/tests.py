@@ -905,10 +905,14 @@ class DatabaseWorkerProcessTestCase(PgfenceTestCase):
                     reset_pgfence()
 
     def test_repeat_ctrl_c(self) -> None:
-        result = test_tasks.sleep_for.enqueue(4)
+        # The task's attempt is interrupted by the second ^C: a reclaim is
+        # then due, which fails a job on its last attempt; this one has three.
+        with override_settings(TASKS={"default": {**settings.TASKS["default"],
+                                                  "OPTIONS": {**OPTIONS, "MAX_ATTEMPTS": 3}}}):
+            result = test_tasks.sleep_for.enqueue(30)
         self.assertEqual(default_task_backend.get_result(result.id).worker_ids, [])
 
-        worker = self.start_worker()
+        worker = self.start_worker(lease="2s")
 
         wait_for(lambda: self.running(result), what="the task's start", worker=worker)
         self.assertEqual(result.worker_ids, [worker.name])
@@ -926,13 +930,20 @@ class DatabaseWorkerProcessTestCase(PgfenceTestCase):
 
         worker.process.send_signal(signal.SIGINT)
 
-        # The second stops the worker: it says so and exits 130 once the
-        # task's thread has returned; the task is not left RUNNING.
-        self.assertEqual(worker.wait(), 130, worker.output)
+        # The second stops the worker at once (the task sleeps for 30 s): it
+        # says so and exits 130.  The interrupt is the worker's, not an error
+        # of the task: the attempt records no error.
+        self.assertEqual(worker.wait(timeout=5), 130, worker.output)
         self.assertIn("pgfence: interrupted", worker.output)
-
         result.refresh()
-        self.assertIn(result.status, (TaskResultStatus.READY, TaskResultStatus.SUCCESSFUL))
+        self.assertEqual((result.status, result.errors), (TaskResultStatus.RUNNING, []))
+
+        # Not stuck RUNNING: once its lease runs out, another worker takes it.
+        second = self.start_worker(lease="40s")
+        wait_for(lambda: self.running(result) and len(result.worker_ids) == 2, what="the reclaim",
+                 worker=second)
+        self.assertEqual(result.worker_ids, [worker.name, second.name])
+        second.process.kill()
 
     def test_kill(self) -> None:
         # A reclaim on the job's last attempt fails it: this one has three.

@@ -280,7 +280,7 @@ class ShopTasks(TransactionTestCase):
         supervisor = self.start("--workers", "2", "--threads", "4")
         self.finished(first[-1])
         wait_for(drained, what="the first thousand")
-        django_first, pgfence_first = connections_now()
+        django_first, _ = connections_now()
         # One per worker thread: 2 children of 4 threads, kept between tasks.
         self.assertEqual(django_first, 8)
         for _ in range(9):

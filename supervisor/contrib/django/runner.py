@@ -112,6 +112,9 @@ def _call_args(task: Any, result: Any) -> tuple[list[Any], dict[str, Any]]:
 
 
 def _exited(exc: BaseException) -> TaskExited:
+    """The task's own SystemExit or KeyboardInterrupt, as its error (no
+    signal raises either into a task: a worker child ignores SIGINT, and a
+    second Ctrl-C ends ``pgfence work`` at once)."""
     kind = type(exc)
     return TaskExited(f"{kind.__module__}.{kind.__qualname__}: {exc}")
 
@@ -121,6 +124,12 @@ def _call(task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
         return task.func(*args, **kwargs)
     except (SystemExit, KeyboardInterrupt) as exc:
         raise _exited(exc) from exc
+
+
+def _final(job: JobBase, exc: BaseException) -> bool:
+    """Whether ``exc`` ends the task FAILED: its last attempt raised, or its
+    result cannot be stored."""
+    return job.attempt >= job.max_attempts or isinstance(exc, ResultRejected)
 
 
 def _encode(value: object) -> str | None:
@@ -172,7 +181,7 @@ def _handler(task: Any, backend: Any) -> Any:
             text = _encode(value)
             _finish(job, alias, text)
         except BaseException as exc:
-            if job.attempt >= job.max_attempts or isinstance(exc, ResultRejected):
+            if _final(job, exc):
                 _settle(result, "FAILED", exc)
                 compat.task_finished.send(sender=type(backend), task_result=result)
             raise
@@ -206,7 +215,7 @@ def _async_handler(task: Any, backend: Any) -> Any:
             text = _encode(value)
             await finish(job, alias, text)
         except BaseException as exc:
-            if job.attempt >= job.max_attempts or isinstance(exc, ResultRejected):
+            if _final(job, exc):
                 _settle(result, "FAILED", exc)
                 await compat.task_finished.asend(sender=type(backend), task_result=result)
             raise
