@@ -56,14 +56,20 @@ def rows(sql: str, params: tuple = ()) -> list[tuple]:
         return cursor.fetchall()
 
 
+def test_dsn(password: str | None = None) -> str:
+    """The test database's DSN, for a manage.py in another process."""
+    settings = connection.settings_dict
+    dsn = f"dbname={settings['NAME']} host={settings['HOST'] or '127.0.0.1'} user={settings['USER']}"
+    if settings["PORT"]:
+        dsn += f" port={settings['PORT']}"
+    return dsn + (f" password={password}" if password else "")
+
+
 class Supervisor:
     """A real ``manage.py pgfence run`` on the test database."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        settings = connection.settings_dict
-        dsn = f"dbname={settings['NAME']} host={settings['HOST'] or '127.0.0.1'} user={settings['USER']}"
-        if settings["PORT"]:
-            dsn += f" port={settings['PORT']}"
+        dsn = test_dsn()
         self.metrics = Path(tempfile.mkdtemp(prefix="shop-metrics-"))
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - read and closed with the supervisor
         self.proc = subprocess.Popen(
@@ -319,3 +325,29 @@ class ShopTasks(TransactionTestCase):
         self.assertNotIn(child_backend, (0, parent_backend))
         # The parent's session is untouched: same backend, still answering.
         self.assertEqual(rows("SELECT pg_backend_pid()")[0][0], parent_backend)
+
+    def test_manage_py_pgfence_uses_the_projects_database_and_never_shows_its_password(self) -> None:
+        secret = "s3cret-Pa55"   # the server trusts loopback: the password is carried, never asked for
+        env = {**os.environ, "PGFENCE_DSN": test_dsn(secret)}
+        tasks.noop.enqueue()
+        status = subprocess.run([sys.executable, "manage.py", "pgfence", "status"], cwd=HERE, env=env,
+                                capture_output=True, text=True, timeout=60)
+        self.assertEqual(status.returncode, 0, status.stderr)
+        self.assertIn("queued", status.stdout)
+        shown = subprocess.run([sys.executable, "manage.py", "pgfence", "dsn"], cwd=HERE, env=env,
+                               capture_output=True, text=True, timeout=60)
+        self.assertEqual(shown.returncode, 0, shown.stderr)
+        self.assertIn(f"dbname={connection.settings_dict['NAME']}", shown.stdout)
+        bad = subprocess.run([sys.executable, "manage.py", "pgfence", "work", "--lease", "-1"], cwd=HERE, env=env,
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual((bad.returncode, bad.stdout), (2, ""))
+        self.assertEqual(len(bad.stderr.strip().splitlines()), 1, bad.stderr)
+        self.assertIn("invalid lease", bad.stderr)
+        supervisor = self.start(env={"PGFENCE_DSN": test_dsn(secret)})
+        child = supervisor.child()
+        titles = [Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                  for pid in (supervisor.proc.pid, child)]
+        self.assertEqual(supervisor.stop(), 0)
+        for text in (status.stdout, status.stderr, shown.stdout, shown.stderr, bad.stderr, supervisor.output(),
+                     *titles):
+            self.assertNotIn(secret, text)
