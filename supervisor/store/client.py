@@ -1,7 +1,7 @@
-"""The producer's statements (``enqueue`` in ``sql/queries/jobs.sql``,
-``enqueue_many`` in ``sql/queries/client.sql``): what
-:mod:`pgfence.producer` sends on a caller's connection, synchronous or
-asynchronous, in the caller's transaction.
+"""The producer's statements (``enqueue_one`` and ``enqueue_many`` in
+``sql/queries/client.sql``): what :mod:`pgfence.producer` sends on a
+caller's connection, synchronous or asynchronous, in the caller's
+transaction.
 
 One parameter set (:class:`EnqueueParams`) serves both connection types, so
 ``enqueue`` and ``aenqueue`` send the same statement with the same values.
@@ -12,8 +12,8 @@ errors nor retry: the producer wraps them in :func:`db.translated`.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
-from typing import Any, NamedTuple, TypedDict
+from collections.abc import Callable, Sequence
+from typing import Any, LiteralString, NamedTuple, TypeAlias, TypedDict
 
 import psycopg
 
@@ -45,52 +45,118 @@ def _job_id(row: tuple[Any, ...] | None) -> int:
     return job_id
 
 
+def _one(p: EnqueueParams) -> tuple[Any, ...]:
+    """The ``enqueue_one`` statement's parameters, by position."""
+    return (p["kind"], p["payload"], p["queue"], p["priority"], p["run_at"], p["delay"], p["max_attempts"],
+            p["dedupe_key"], p["max_reclaims"])
+
+
 def enqueue(conn: psycopg.Connection[Any], params: EnqueueParams) -> int:
     """Enqueue one job in the caller's transaction; its id."""
-    return _job_id(conn.execute(q("enqueue"), dict(params)).fetchone())
+    return _job_id(conn.execute(q("enqueue_one"), _one(params)).fetchone())
 
 
 async def aenqueue(aconn: psycopg.AsyncConnection[Any], params: EnqueueParams) -> int:
     """:func:`enqueue` on an asynchronous connection."""
-    cursor = await aconn.execute(q("enqueue"), dict(params))
+    cursor = await aconn.execute(q("enqueue_one"), _one(params))
     return _job_id(await cursor.fetchone())
 
 
 #: Jobs per statement of :func:`enqueue_many`.
 MANY_CHUNK = 10_000
 
-#: The ``enqueue_many`` statement's arrays, by the parameter each fills.
-_COLUMNS = (("kinds", "kind"), ("payloads", "payload"), ("queues", "queue"), ("priorities", "priority"),
-            ("run_ats", "run_at"), ("delays", "delay"), ("max_attempts", "max_attempts"),
-            ("max_reclaims", "max_reclaims"), ("dedupe_keys", "dedupe_key"))
+#: One job of :func:`enqueue_many`, checked, its payload apart: kind,
+#: queue, priority, run_at, delay, max_attempts, max_reclaims, dedupe_key
+#: (a None queue, max_attempts or max_reclaims: the kind's option).
+ManyRow: TypeAlias = tuple[str, str | None, int, datetime.datetime | None, float, int | None, int | None, str | None]
 
 
-def enqueue_many(conn: psycopg.Connection[Any], jobs: Sequence[EnqueueParams]) -> list[int]:
-    """Enqueue ``jobs`` in the caller's transaction, one statement per
-    :data:`MANY_CHUNK`; their ids in order.  A job the statement did not
-    insert (its dedupe key is held) gets the id of the job of the same call
-    that holds the key, else that of the live holder, found by enqueue's own
-    statement (one round trip for each such job: the look-up and its retry,
-    should the holder finish meanwhile, are pgfence.enqueue()'s)."""
+def enqueue_many(conn: psycopg.Connection[Any], rows: Sequence[ManyRow], payloads: Sequence[str],
+                 single: Callable[[int], EnqueueParams]) -> list[int]:
+    """Enqueue ``rows`` in the caller's transaction, one statement per
+    :data:`MANY_CHUNK`; their ids in order.  ``payloads`` holds one JSON
+    array per statement, element n being the payload of the statement's
+    job n.  A job the statement did not insert (its dedupe key is held)
+    gets the id of the job of the same call that holds the key, else that
+    of the live holder, found by enqueue's own statement with the job's
+    parameters, ``single(index)`` (one round trip for each such job: the
+    look-up and its retry, should the holder finish meanwhile, are
+    pgfence.enqueue()'s)."""
     ids: list[int] = []
     taken: dict[tuple[str, str], int] = {}
-    for start in range(0, len(jobs), MANY_CHUNK):
-        chunk = jobs[start:start + MANY_CHUNK]
-        params: dict[str, list[Any]] = {name: [job[field] for job in chunk]  # type: ignore[literal-required]
-                                        for name, field in _COLUMNS}
-        rows = conn.execute(q("enqueue_many"), params).fetchall()
-        if len(rows) != len(chunk):
-            raise AssertionError(f"enqueue_many returned {len(rows)} rows for {len(chunk)} jobs")
-        for job, (job_id,) in zip(chunk, rows, strict=True):
-            key = job["dedupe_key"]
-            if job_id is None:
-                job_id = taken.get((job["kind"], key)) if key is not None else None
-                if job_id is None:
-                    job_id = enqueue(conn, job)
-            if key is not None:
-                taken.setdefault((job["kind"], key), job_id)
-            ids.append(job_id)
+    for chunk_no, start in enumerate(range(0, len(rows), MANY_CHUNK)):
+        chunk = rows[start:start + MANY_CHUNK]
+        statement, params, keys = _many_params(chunk, payloads[chunk_no])
+        row = conn.execute(statement, params).fetchone()
+        if row is None:   # an aggregate's one row
+            raise AssertionError("enqueue_many returned no row")
+        got = _ids(row[0], len(chunk))
+        if len(got) != len(chunk):
+            raise AssertionError(f"enqueue_many returned {len(got)} ids for {len(chunk)} jobs")
+        if keys.count(None) != len(keys):
+            inserted = set(_ints(row[1] or "{}"))
+            for n, key in enumerate(keys):
+                if key is None:
+                    continue
+                kind = chunk[n][0]
+                if got[n] not in inserted:
+                    holder = taken.get((kind, key))
+                    got[n] = holder if holder is not None else enqueue(conn, single(start + n))
+                taken.setdefault((kind, key), got[n])
+        ids.extend(got)
     return ids
+
+
+def _ints(text: str) -> list[int]:
+    """The elements of a bigint[] array's text, ``{1,2,3}``."""
+    return [int(v) for v in text[1:-1].split(",")] if len(text) > 2 else []
+
+
+def _ids(text: str, n: int) -> list[int]:
+    """The ids of the statement's ``n`` jobs, in order: the first of ``n``
+    consecutive ones, or the text of the array of them."""
+    return _ints(text) if text.startswith("{") else list(range(int(text), int(text) + n))
+
+
+def _many_params(chunk: Sequence[ManyRow],
+                 payloads: str) -> tuple[LiteralString, dict[str, Any], tuple[str | None, ...]]:
+    """The statement for ``chunk``, its parameters, and the chunk's dedupe
+    keys.  A chunk whose jobs differ in their payloads alone goes by
+    ``enqueue_many_alike``, with each column's one value.  Any other goes
+    by ``enqueue_many``: each column as one array literal (psycopg adapts a
+    list element by element, which was most of the Python time of a
+    batch), NULL for a column at its default in every job (unnest pads a
+    missing array with NULLs), and one kind alone when every job has it.
+    Names are checked, so they need quotes but no escapes; the few run_at
+    values go as a list, for psycopg to write."""
+    n = len(chunk)
+    columns = tuple(zip(*chunk, strict=True))
+    kinds, queues, priorities, run_ats, delays, max_attempts, max_reclaims, keys = columns
+    if all(c.count(c[0]) == n for c in columns) and run_ats[0] is None and keys[0] is None:
+        return q("enqueue_many_alike"), {
+            "payloads": payloads, "kind": kinds[0], "queue": queues[0], "priority": priorities[0],
+            "delay": delays[0], "max_attempts": max_attempts[0], "max_reclaims": max_reclaims[0]}, keys
+    one_kind = kinds.count(kinds[0]) == n
+    return q("enqueue_many"), {
+        "kind": kinds[0] if one_kind else None,
+        "kinds": None if one_kind else '{"' + '","'.join(kinds) + '"}',
+        "payloads": payloads,
+        "queues": None if queues.count(None) == n else
+        "{" + ",".join("NULL" if v is None else '"' + v + '"' for v in queues) + "}",
+        "priorities": None if priorities.count(0) == n else "{" + ",".join(map(int.__repr__, priorities)) + "}",
+        "run_ats": None if run_ats.count(None) == n else list(run_ats),
+        "delays": None if delays.count(0.0) == n else "{" + ",".join(map(float.__repr__, delays)) + "}",
+        "max_attempts": _int_array(max_attempts, n),
+        "max_reclaims": _int_array(max_reclaims, n),
+        "dedupe_keys": None if keys.count(None) == n else "{" + ",".join(
+            "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in keys) + "}",
+    }, keys
+
+
+def _int_array(values: tuple[int | None, ...], n: int) -> str | None:
+    if values.count(None) == n:
+        return None
+    return "{" + ",".join("NULL" if v is None else int.__repr__(v) for v in values) + "}"
 
 
 class FoundJob(NamedTuple):
