@@ -15,7 +15,7 @@ EXPECTED_MIGRATIONS = [(1, "jobs"), (2, "handler_tables"), (3, "jobs_fillfactor"
                        (5, "claim_indexes"), (6, "kinds"), (7, "putbacks_tracebacks"),
                        (8, "names"), (9, "job_history"), (10, "jobs_autovacuum"), (11, "periodic"),
                        (12, "operations"), (13, "bulk_actions"), (14, "job_results"),
-                       (15, "attempt_tracebacks")]
+                       (15, "attempt_tracebacks"), (16, "names_check_cost")]
 
 
 def schema_dump(conn: psycopg.Connection, *, with_applied_at: bool = True) -> dict:
