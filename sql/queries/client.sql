@@ -9,6 +9,14 @@
 SELECT pgfence.enqueue(%s, %s::jsonb, %s, %s, coalesce(%s::timestamptz, now() + make_interval(secs => %s::float8)),
                        %s, %s, %s);
 
+-- name: enqueue_default
+-- enqueue_one for a job whose options are all at their defaults but its
+-- queue (priority 0, to run now, no dedupe key, the kind's or the default
+-- attempts and reclaims): pgfence.enqueue()'s own defaults, and three
+-- parameters to send rather than nine (about 8 us less of psycopg's CPU a
+-- call here).
+SELECT pgfence.enqueue(%s, %s::jsonb, %s);
+
 -- name: enqueue_many
 -- Enqueue many jobs in one statement, in the caller's transaction: one
 -- array per column, element n of each being job n (the payloads one JSON

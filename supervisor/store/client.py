@@ -1,7 +1,7 @@
-"""The producer's statements (``enqueue_one`` and ``enqueue_many`` in
-``sql/queries/client.sql``): what :mod:`pgfence.producer` sends on a
-caller's connection, synchronous or asynchronous, in the caller's
-transaction.
+"""The producer's statements (``enqueue_one``, ``enqueue_default``,
+``enqueue_many`` and ``enqueue_many_alike`` in ``sql/queries/client.sql``):
+what :mod:`pgfence.producer` sends on a caller's connection, synchronous or
+asynchronous, in the caller's transaction.
 
 One parameter set (:class:`EnqueueParams`) serves both connection types, so
 ``enqueue`` and ``aenqueue`` send the same statement with the same values.
@@ -45,20 +45,25 @@ def _job_id(row: tuple[Any, ...] | None) -> int:
     return job_id
 
 
-def _one(p: EnqueueParams) -> tuple[Any, ...]:
-    """The ``enqueue_one`` statement's parameters, by position."""
-    return (p["kind"], p["payload"], p["queue"], p["priority"], p["run_at"], p["delay"], p["max_attempts"],
-            p["dedupe_key"], p["max_reclaims"])
+def _one(p: EnqueueParams) -> tuple[LiteralString, tuple[Any, ...]]:
+    """The one-job statement for ``p`` and its parameters, by position:
+    ``enqueue_default`` when every option but the queue is at its
+    default, else ``enqueue_one``."""
+    if (p["priority"] == 0 and p["run_at"] is None and not p["delay"] and p["max_attempts"] is None
+            and p["dedupe_key"] is None and p["max_reclaims"] is None):
+        return q("enqueue_default"), (p["kind"], p["payload"], p["queue"])
+    return q("enqueue_one"), (p["kind"], p["payload"], p["queue"], p["priority"], p["run_at"], p["delay"],
+                              p["max_attempts"], p["dedupe_key"], p["max_reclaims"])
 
 
 def enqueue(conn: psycopg.Connection[Any], params: EnqueueParams) -> int:
     """Enqueue one job in the caller's transaction; its id."""
-    return _job_id(conn.execute(q("enqueue_one"), _one(params)).fetchone())
+    return _job_id(conn.execute(*_one(params)).fetchone())
 
 
 async def aenqueue(aconn: psycopg.AsyncConnection[Any], params: EnqueueParams) -> int:
     """:func:`enqueue` on an asynchronous connection."""
-    cursor = await aconn.execute(q("enqueue_one"), _one(params))
+    cursor = await aconn.execute(*_one(params))
     return _job_id(await cursor.fetchone())
 
 
