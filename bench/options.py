@@ -11,11 +11,11 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
-DESCRIPTION = ("The pgfence benchmark: throughput, pickup latency, lease renewal, claim cost and memory, side by "
-               "side with pgqueuer, procrastinate, a naive psycopg loop and pgbench running pgfence's own "
-               "statements, on the same PostgreSQL.")
-SECTIONS = ("pgfence", "effect", "pgqueuer", "procrastinate", "naive", "pgbench", "io", "pickup", "heartbeat",
-            "claim", "web", "memory", "profile", "soak")
+DESCRIPTION = ("The pgfence benchmark: throughput, enqueue calls, pickup latency, lease renewal, claim cost and "
+               "memory, side by side with pgqueuer, procrastinate, a naive psycopg loop and pgbench running "
+               "pgfence's own statements, on the same PostgreSQL.")
+SECTIONS = ("pgfence", "effect", "pgqueuer", "procrastinate", "naive", "pgbench", "enqueue", "io", "pickup",
+            "heartbeat", "claim", "web", "memory", "profile", "soak")
 #: Sections run only when --only names them: the soak section alone lasts
 #: over an hour at its defaults.
 OPT_IN = ("soak",)
@@ -51,6 +51,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--io-n", type=int, default=5000,
                    help="jobs per io run (default 5,000; procrastinate half, Celery prefork 30%%)")
     p.add_argument("--io-runs", type=int, help="runs per io figure (default: --runs)")
+    p.add_argument("--enqueue-n", type=int, default=5000,
+                   help="jobs per run of the enqueue section's one-job calls (default 5,000)")
+    p.add_argument("--enqueue-many-n", type=int, default=100_000,
+                   help="jobs per run of the enqueue section's batches of 10,000 (default 100,000)")
     p.add_argument("--io-pgqueuer-batch", type=int, default=50)
     p.add_argument("--io-pgqueuer-concurrency", type=int, default=500, help="pgqueuer's max_concurrent_tasks")
     p.add_argument("--io-procrastinate-concurrency", type=int, default=100, help="per process")
@@ -101,6 +105,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.n, args.n_small, args.runs, args.claims, args.finished_rows = 4000, 2000, 1, 200, 100_000
         args.pgfence_configs = [(4, 0), (4, 1), (2, 100)]
         args.io_n = 600
+        args.enqueue_n, args.enqueue_many_n = 1000, 20_000
         args.effect_batches = [1]
     for name, (full, quick) in SOAK_DEFAULTS.items():
         if getattr(args, name) is None:

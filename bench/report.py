@@ -8,6 +8,7 @@ import platform
 import re
 from pathlib import Path
 
+import enqueue_bench
 from harness import Series, Server
 
 #: The numbers quoted when the benchmark was asked for (same 2-core machine
@@ -119,6 +120,8 @@ def goals(series: dict[str, Series], metrics: dict) -> list[dict]:
         goal("no-op, default settings (no --batch) vs the naive one-job-per-claim loop, 4 processes",
              f">= {GOALS['default_vs_naive_one']:.0%}", r, r >= GOALS["default_vs_naive_one"],
              f"{default.rate:,.0f} / {naive.rate:,.0f}", "%")
+    if metrics.get("enqueue"):
+        out.extend(enqueue_bench.goals(metrics["enqueue"]))
     io = metrics.get("io")
     if io:
         out.extend(io_goals(series, io))
@@ -369,7 +372,7 @@ def _num(value: float | None) -> str:
 def _measured(g: dict) -> str:
     v = g["measured"]
     return {"x": f"{v:.2f}x", "%": f"{v:.1%}", "ms": f"{v:.1f} ms", "s": f"{v:.3f} s",
-            "MiB": f"{v:.1f} MiB"}.get(g["unit"], f"{v:g} {g['unit']}")
+            "MiB": f"{v:.1f} MiB", "jobs/s": f"{v:,.0f} jobs/s"}.get(g["unit"], f"{v:g} {g['unit']}")
 
 
 def markdown(report: dict) -> str:
@@ -405,6 +408,7 @@ def markdown(report: dict) -> str:
             lines.append(f"| {s['system']} | {s['config']} | {s['n']:,} | {_num(s['jobs_per_s'])}{flag} | "
                          f"{_num(s['jobs_per_s_with_startup'])} | {ratio} | {cpu_text} | {s['reference']} |")
         lines += ["", LEGEND.format(cap=report["settings"]["cap_s"]), ""]
+    lines += enqueue_bench.markdown(report["metrics"].get("enqueue") or {"rows": {}})
     lines += io_markdown(report)
     lines += soak_markdown(report["metrics"].get("soak") or {})
     met = report["metrics"]

@@ -66,6 +66,7 @@ from harness import (
     time_claims,
     wait_for,
 )
+from enqueue_bench import EnqueueSection
 from report import REFERENCE, goals, machine_facts, markdown
 from soak import Soak
 from soak_history import insert_history
@@ -323,6 +324,11 @@ class Bench:
             self.measure(f"pgbench_batch50_c{clients}", "pgbench: pgfence claim 50 + complete_many",
                          f"-c {clients} -j 2 -M prepared", a.n,
                          lambda c=clients: self.pgbench_once(many, c, a.n, 50))
+
+    # -- enqueue: jobs put in from Python, pgfence beside the peers (bench/enqueue_bench.py) ---------
+
+    def bench_enqueue(self) -> None:
+        self.metrics["enqueue"] = EnqueueSection(self).run()
 
     # -- io: jobs that wait (sleep, an HTTP call, a fenced row) -----------------------------------
 

@@ -2,7 +2,7 @@
 # The pgfence benchmark: one command, every number side by side on the local
 # PostgreSQL (127.0.0.1:5432, user postgres).  See bench/README.md.
 #
-#   bench/run.sh               # the full run (about 28 minutes on 2 cores)
+#   bench/run.sh               # the full run (about 33 minutes on 2 cores)
 #   bench/run.sh --quick       # a smoke run: small N, one run each
 #   bench/run.sh --only soak   # the soak section (opt-in: about 85 minutes; --quick: about 6)
 #   bench/run.sh --help
