@@ -441,3 +441,37 @@ def test_enqueue_many_returns_the_holder_another_transaction_committed_while_it_
     assert ids[1] == held
     assert conn.execute("SELECT id, payload, dedupe_key FROM pgfence.jobs ORDER BY id").fetchall() == [
         (held, {"holder": True}, "k-race"), (ids[0], {"n": 0}, None)]
+
+
+def test_enqueue_many_of_jobs_alike_but_their_payloads_applies_the_kinds_options_and_keeps_the_order(conn):
+    # One kind, one set of options, no run_at nor dedupe key: the narrower
+    # statement (enqueue_many_alike) of the store.
+    conn.execute("INSERT INTO pgfence.kinds (kind, queue, max_attempts, max_reclaims) "
+                 "VALUES ('t_alike', 'alike', 6, 1)")
+    ids = enqueue_many(conn, [{"kind": "t_alike", "payload": {"n": n}} for n in range(5)])
+    assert ids == list(range(ids[0], ids[0] + 5))
+    rows = [job_row(conn, i) for i in ids]
+    assert [(r["kind"], r["payload"], r["queue"], r["priority"], r["max_attempts"], r["max_reclaims"],
+             r["dedupe_key"], r["status"]) for r in rows] == [
+        ("t_alike", {"n": n}, "alike", 0, 6, 1, None, "queued") for n in range(5)]
+    assert all(r["run_at"] == r["created_at"] for r in rows)
+    # The same options given, and a delay: still one statement's values.
+    later = enqueue_many(conn, [{"kind": "t_alike", "payload": [n], "queue": "q2", "priority": 3, "delay": 60,
+                                 "max_attempts": 2, "max_reclaims": 0} for n in range(3)])
+    rows = [job_row(conn, i) for i in later]
+    assert [(r["payload"], r["queue"], r["priority"], r["max_attempts"], r["max_reclaims"]) for r in rows] == [
+        ([n], "q2", 3, 2, 0) for n in range(3)]
+    assert all(r["run_at"] - r["created_at"] == dt.timedelta(seconds=60) for r in rows)
+    assert count_jobs(conn) == 8
+
+
+@pytest.mark.parametrize("alike", [True, False])
+def test_enqueue_many_returns_ids_that_are_not_consecutive_in_the_order_given(conn, alike):
+    # Another producer's nextval between two of ours leaves gaps; a sequence
+    # that steps by 3 makes every id of the call a gap away from the next.
+    conn.execute("ALTER SEQUENCE pgfence.jobs_id_seq INCREMENT BY 3")
+    jobs = [{"kind": "noop", "payload": {"n": n}, **({} if alike else {"priority": n})} for n in range(4)]
+    ids = enqueue_many(conn, jobs)
+    assert [b - a for a, b in zip(ids, ids[1:])] == [3, 3, 3]
+    assert [(job_row(conn, i)["payload"], job_row(conn, i)["priority"]) for i in ids] == [
+        ({"n": n}, 0 if alike else n) for n in range(4)]
