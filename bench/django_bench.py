@@ -7,12 +7,16 @@ SUCCESSFUL in an idle worker.
 Makes a scratch database on ``--dsn``'s server, migrated by ``manage.py
 migrate`` of the example shop (examples/django), then:
 
-1. Enqueue: ``--rounds`` rounds, alternating (ABAB), of ``--calls`` calls
-   each of ``orders.tasks.noop.enqueue()`` and of ``pgfence.enqueue(conn,
-   "orders.tasks.noop", {"args": [], "kwargs": {}})`` on the same
+1. Enqueue: ``--rounds`` rounds of ``--calls`` calls each of
+   ``orders.tasks.noop.enqueue()`` and of ``pgfence.enqueue(conn,
+   "orders.tasks.noop", {"args": [], "kwargs": {}}, queue=...,
+   max_attempts=...)`` (the same job: the task's queue, the backend's
+   ``MAX_ATTEMPTS``) on the same
    connection (Django's own, autocommit: one transaction per call, as a
-   view that enqueues outside ``atomic()`` does); per way, the median
-   calls/s and microseconds per call.  The jobs are deleted between rounds.
+   view that enqueues outside ``atomic()`` does), in blocks of 250 calls
+   taken in turn (ABBA), so that the commits' varying cost falls on both;
+   per way, the median of the rounds' calls/s and microseconds per call.
+   The jobs are deleted between rounds.
 2. Latency: a real ``manage.py pgfence run --workers 1``, idle; then
    ``--latency`` times, one at a time, enqueue a no-op task and wait until
    it is done; the latency is ``finished_at - created_at`` of its job, both
@@ -64,23 +68,33 @@ def enqueue_rounds(calls: int, rounds: int) -> dict[str, list[float]]:
 
     connection.ensure_connection()
     raw = connection.connection
+    attempts = noop.get_backend().max_attempts
     ways = {
         "Task.enqueue()": lambda: noop.enqueue(),
-        "pgfence.enqueue": lambda: pgfence.enqueue(raw, "orders.tasks.noop", {"args": [], "kwargs": {}}),
+        # The same job: the task's queue and the backend's MAX_ATTEMPTS.
+        "pgfence.enqueue": lambda: pgfence.enqueue(raw, "orders.tasks.noop", {"args": [], "kwargs": {}},
+                                                   queue=noop.queue_name, max_attempts=attempts),
     }
     out: dict[str, list[float]] = {name: [] for name in ways}
+    for call in ways.values():                 # warm: prepared plans, caches
+        for _ in range(200):
+            call()
+    block = 250
     for n in range(rounds):
-        order = list(ways) if n % 2 == 0 else list(reversed(ways))
-        for name in order:
-            call = ways[name]
-            for _ in range(200):            # warm: prepared plans, caches
-                call()
-            raw.execute("DELETE FROM pgfence.jobs")
-            started = time.perf_counter()
-            for _ in range(calls):
-                call()
-            out[name].append(calls / (time.perf_counter() - started))
-            raw.execute("DELETE FROM pgfence.jobs")
+        spent = dict.fromkeys(ways, 0.0)
+        raw.execute("DELETE FROM pgfence.jobs")
+        # Blocks of 250 calls, the two ways in turn (ABBA), so that a
+        # slower second of the disk's commits falls on both alike.
+        for b in range(calls // block):
+            order = list(ways) if b % 2 == 0 else list(reversed(ways))
+            for name in order:
+                call = ways[name]
+                started = time.perf_counter()
+                for _ in range(block):
+                    call()
+                spent[name] += time.perf_counter() - started
+        for name in ways:
+            out[name].append((calls // block) * block / spent[name])
     return out
 
 

@@ -14,7 +14,7 @@ RESULTS = BENCH / "results"
 DESCRIPTION = ("The pgfence benchmark: throughput, enqueue calls, pickup latency, lease renewal, claim cost and "
                "memory, side by side with pgqueuer, procrastinate, a naive psycopg loop and pgbench running "
                "pgfence's own statements, on the same PostgreSQL.")
-SECTIONS = ("pgfence", "effect", "pgqueuer", "procrastinate", "naive", "pgbench", "enqueue", "io", "pickup",
+SECTIONS = ("pgfence", "effect", "pgqueuer", "procrastinate", "naive", "pgbench", "enqueue", "django", "io", "pickup",
             "heartbeat", "claim", "web", "memory", "profile", "soak")
 #: Sections run only when --only names them: the soak section alone lasts
 #: over an hour at its defaults.

@@ -151,6 +151,12 @@ def goals(series: dict[str, Series], metrics: dict) -> list[dict]:
         goal(f"dashboard bulk retry of {b['jobs']:,} failed jobs: the POST answers", "< 1 s", b["post_s"] * 1000,
              b["post_s"] < 1 and b["state"] == "done" and b["acted"] == b["jobs"],
              f"{b['state']}, {b['acted']:,} retried in {b['duration_s']:.1f} s", "ms")
+    d = metrics.get("django")
+    if d:
+        goal("Django Task.enqueue() over pgfence.enqueue", "< 20%", d["task_enqueue_overhead_pct"] / 100,
+             d["task_enqueue_overhead_pct"] < 20, "calls/s, median of ABAB rounds", "%")
+        goal("Django no-op task, enqueue to SUCCESSFUL, idle worker", "p50 < 10 ms", d["latency_ms"]["p50"],
+             d["latency_ms"]["p50"] < 10, f"p99 {d['latency_ms']['p99']} ms, {d['latency_ms']['samples']} tasks", "ms")
     c = metrics.get("claim")
     if c:
         goal("claim with 1M finished rows vs empty", f"<= {GOALS['claim_1m_ratio']:.2f}x", c["ratio"],
@@ -441,6 +447,15 @@ def markdown(report: dict) -> str:
                       f"({b['rows_per_s']:,.0f} rows/s, {b['batches']} batches); the stream's claim latency p50/p99/max "
                       f"{lat[0]['p50_ms']:.2f}/{lat[0]['p99_ms']:.2f}/{lat[0]['max_ms']:.1f} ms before, "
                       f"{lat[1]['p50_ms']:.2f}/{lat[1]['p99_ms']:.2f}/{lat[1]['max_ms']:.1f} ms during")))
+    if "django" in met:
+        d = met["django"]
+        e, lat = d["enqueue"], d["latency_ms"]
+        rows.append(("Django tasks: `Task.enqueue()` beside `pgfence.enqueue` on Django's connection, one "
+                     "transaction a call (`bench/django_bench.py`)",
+                     (f"{e['Task.enqueue()']['calls_per_s']:,} vs {e['pgfence.enqueue']['calls_per_s']:,} calls/s "
+                      f"(+{d['task_enqueue_overhead_pct']}%); a no-op task's enqueue to SUCCESSFUL in an idle worker "
+                      f"p50/p95/p99/max {lat['p50']}/{lat['p95']}/{lat['p99']}/{lat['max']} ms "
+                      f"({lat['samples']} tasks)")))
     if "claim" in met:
         c = met["claim"]
         rows.append((f"claim one job with {c['finished_rows']:,} finished rows vs an empty table",

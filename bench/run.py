@@ -330,6 +330,21 @@ class Bench:
     def bench_enqueue(self) -> None:
         self.metrics["enqueue"] = EnqueueSection(self).run()
 
+    # -- django: Task.enqueue() over pgfence.enqueue, enqueue to SUCCESSFUL (bench/django_bench.py) ----
+
+    def bench_django(self) -> None:
+        calls, latency = (1000, 100) if self.args.quick else (5000, 300)
+        log(f"Django tasks: Task.enqueue() beside pgfence.enqueue ({calls:,} calls, 4 rounds ABAB), "
+            f"{latency} no-op tasks into an idle manage.py pgfence run: bench/django_bench.py")
+        proc = subprocess.run([str(self.pgfence.python), str(BENCH / "django_bench.py"), "--dsn", self.args.admin_dsn,
+                               "--calls", str(calls), "--rounds", "4", "--latency", str(latency), "--json"],
+                              capture_output=True, text=True, cwd=BENCH, env=self.pgfence.env, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr.strip()[-500:])
+        d = self.metrics["django"] = json.loads(proc.stdout.strip().splitlines()[-1])
+        log(f"  Task.enqueue() +{d['task_enqueue_overhead_pct']}% over pgfence.enqueue; enqueue to SUCCESSFUL "
+            f"p50 {d['latency_ms']['p50']} ms, p99 {d['latency_ms']['p99']} ms")
+
     # -- io: jobs that wait (sleep, an HTTP call, a fenced row) -----------------------------------
 
     def start_http(self) -> subprocess.Popen:

@@ -6,7 +6,13 @@
 -- and return its id with its created_at: the transaction's now(), which
 -- the new row's created_at defaults to, so Django's TaskResult.enqueued_at
 -- is known without a second round trip.  A task has no dedupe key, so the
--- id is always a new row's.
-SELECT pgfence.enqueue(%(kind)s, %(payload)s::jsonb, %(queue)s, %(priority)s,
-                       coalesce(%(run_at)s::timestamptz, now()), %(max_attempts)s, NULL, NULL) AS id,
+-- id is always a new row's.  Parameters by position: kind, payload, queue,
+-- priority, run_at (NULL: now), max_attempts (NULL: the kind's).
+SELECT pgfence.enqueue(%s, %s::jsonb, %s, %s, coalesce(%s::timestamptz, now()), %s) AS id,
        now() AS enqueued_at;
+
+-- name: task_enqueue_default
+-- task_enqueue for a task at Django's defaults but its queue (priority 0,
+-- no run_after, the kind's or the default attempts): three parameters to
+-- send rather than six.
+SELECT pgfence.enqueue(%s, %s::jsonb, %s) AS id, now() AS enqueued_at;

@@ -33,7 +33,11 @@ class Enqueued(NamedTuple):
 
 def enqueue(conn: psycopg.Connection[Any], params: TaskParams) -> Enqueued:
     """Enqueue one task's job in the caller's transaction."""
-    row = conn.execute(q("task_enqueue"), dict(params)).fetchone()
+    if params["priority"] == 0 and params["run_at"] is None and params["max_attempts"] is None:
+        row = conn.execute(q("task_enqueue_default"), (params["kind"], params["payload"], params["queue"])).fetchone()
+    else:
+        row = conn.execute(q("task_enqueue"), (params["kind"], params["payload"], params["queue"], params["priority"],
+                                               params["run_at"], params["max_attempts"])).fetchone()
     if row is None:   # a SELECT of one function call always returns its row
         raise AssertionError("task_enqueue returned no row")
     return Enqueued(int(row[0]), row[1])

@@ -26,6 +26,11 @@ from pgfence.errors import ConfigError
 from pgfence.store import db
 from pgfence.store import tasks as store
 
+#: The payload of a task enqueued with no arguments.
+NO_ARGUMENTS = '{"args":[],"kwargs":{}}'
+#: Tasks whose validation is remembered, at most (then it starts again).
+VALID_CACHE = 1024
+
 #: The OPTIONS the backend reads, with their defaults.
 OPTIONS = {"DATABASE": "default", "MAX_ATTEMPTS": None, "TASK_MODULES": ()}
 
@@ -48,6 +53,8 @@ class PgfenceBackend(compat.BaseTaskBackend):
         self.database: str = self.options.get("DATABASE", "default")
         self.max_attempts: int | None = self.options.get("MAX_ATTEMPTS")
         self.task_modules: tuple[str, ...] = tuple(self.options.get("TASK_MODULES", ()))
+        #: The tasks validated, and their kinds (see _kind_of).
+        self._valid: dict[Any, str] = {}
 
     # -- validation ---------------------------------------------------------
 
@@ -58,6 +65,21 @@ class PgfenceBackend(compat.BaseTaskBackend):
         problem = names.problem(task.module_path, "kind") or names.problem(task.queue_name, "queue")
         if problem:
             raise compat.InvalidTask(f"task {task.module_path!r}: {problem}")
+
+    def _kind_of(self, task: Any) -> str:
+        """``task`` validated, and its kind: once per task (a Task is frozen,
+        so what validation read cannot change; one with a run_after, whose
+        check reads USE_TZ, is validated at every enqueue)."""
+        if task.run_after is not None:
+            self.validate_task(task)
+            return str(task.module_path)
+        kind = self._valid.get(task)
+        if kind is None:
+            self.validate_task(task)
+            if len(self._valid) >= VALID_CACHE:
+                self._valid.clear()
+            kind = self._valid[task] = task.module_path
+        return kind
 
     def check(self, **kwargs: Any) -> Iterable[Any]:
         """Django check messages: the database, the options, the queues."""
@@ -82,11 +104,14 @@ class PgfenceBackend(compat.BaseTaskBackend):
     # -- enqueue ------------------------------------------------------------
 
     def _params(self, task: Any, args: Any, kwargs: Any) -> tuple[store.TaskParams, list[Any], dict[str, Any]]:
-        self.validate_task(task)
-        args = compat.normalize_json(list(args))
-        kwargs = compat.normalize_json(dict(kwargs))
-        payload = json.dumps({"args": args, "kwargs": kwargs}, allow_nan=False, separators=(",", ":"))
-        return (store.TaskParams(kind=task.module_path, payload=payload, queue=task.queue_name,
+        kind = self._kind_of(task)
+        if args or kwargs:
+            args = compat.normalize_json(list(args))
+            kwargs = compat.normalize_json(dict(kwargs))
+            payload = json.dumps({"args": args, "kwargs": kwargs}, allow_nan=False, separators=(",", ":"))
+        else:
+            args, kwargs, payload = [], {}, NO_ARGUMENTS
+        return (store.TaskParams(kind=kind, payload=payload, queue=task.queue_name,
                                  priority=task.priority, run_at=task.run_after, max_attempts=self.max_attempts),
                 args, kwargs)
 
