@@ -14,8 +14,8 @@ class TaskCancelled(PgfenceError):
 
 class TaskAbandoned(PgfenceError):
     """The task's job failed without an error of its own: its lease was lost
-    more often than its ``max_reclaims`` allow (a worker killed or frozen
-    while running it, again and again)."""
+    (a worker killed or frozen while running it) on its last attempt, or
+    more often than its ``max_reclaims`` allow."""
 
 
 class TaskExited(PgfenceError):
