@@ -11,6 +11,7 @@ loop waited for its running job (here 30 s) before it exited.
 from __future__ import annotations
 
 import signal
+import threading
 
 import psycopg
 import pytest
@@ -35,17 +36,24 @@ def test_a_second_ctrl_c_stops_the_worker_at_once_in_every_mode(dsn: str, mode: 
         conn.execute("SELECT pgfence.enqueue(%s, '{\"seconds\": 30}'::jsonb)", (kind,))
         proc = spawn("work", "--handlers", handlers, *flags, "--lease", "60s",
                      env=env_for(dsn, PGFENCE_HANDLERS=handlers))
+        lines: list[str] = []
+        assert proc.stderr is not None
+        reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+        reader.start()
         try:
             wait_for(lambda: conn.execute("SELECT status FROM pgfence.jobs").fetchone() == ("running",),
                      message="the job to run")
             proc.send_signal(signal.SIGINT)
-            # Still draining: the job runs on, the worker waits for it.
-            wait_for(lambda: proc.poll() is None and
-                     conn.execute("SELECT status FROM pgfence.jobs").fetchone() == ("running",),
-                     message="the drain")
+            # The first is taken (two signals sent before the worker's
+            # handler runs would be one): it drains, the job runs on.
+            wait_for(lambda: any("stopping: it finishes its running jobs" in line for line in lines),
+                     message="the first Ctrl-C to be taken")
+            assert proc.poll() is None
+            assert conn.execute("SELECT status FROM pgfence.jobs").fetchone() == ("running",)
             proc.send_signal(signal.SIGINT)
             code = proc.wait(timeout=10)     # the job has some 29 s left
-            err = proc.stderr.read() if proc.stderr else ""
+            reader.join(timeout=10)
+            err = "".join(lines)
         finally:
             if proc.poll() is None:
                 proc.kill()

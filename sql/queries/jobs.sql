@@ -345,14 +345,6 @@ SELECT f.id, f.attempt, %(worker)s, now() - make_interval(secs => f.ran), 'fence
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(ran)s::float8[]) AS f(id, attempt, ran)
 ON CONFLICT DO NOTHING;
 
--- name: enqueue
--- Enqueue one job through the SQL function, in the caller's transaction.
--- A delay is added to the database clock, like every other time pgfence keeps.
-SELECT pgfence.enqueue(%(kind)s, %(payload)s::jsonb, %(queue)s, %(priority)s,
-                       coalesce(%(run_at)s::timestamptz,
-                                now() + make_interval(secs => %(delay)s::float8)),
-                       %(max_attempts)s, %(dedupe_key)s, %(max_reclaims)s);
-
 -- name: complete_unfenced
 -- UNSAFE, used only by `pgfence demo` to show what happens without the fence:
 -- completes by id alone, as most queues do.  A job another attempt already

@@ -53,6 +53,8 @@ def cmd_work(args: argparse.Namespace) -> int:
             logging.shutdown()
             os._exit(130)
         worker.request_stop()
+        log.info("worker %s stopping: it finishes its running jobs (a second Ctrl-C or TERM stops it at once)",
+                 worker.name)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
