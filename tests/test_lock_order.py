@@ -12,13 +12,14 @@ import psycopg
 import pytest
 from pgtools import job_row, scalar, wait_for, with_dbname
 
+from pgfence.store import client as client_store
 from pgfence.store import db
 from pgfence.errors import (DatabaseError, DatabaseUnavailable, StatementCanceled, TransactionConflict)
 from pgfence.store.queries import q
 
 
 def enqueue(conn, n: int, queue: str = "default") -> list[int]:
-    return [scalar(conn, q("enqueue"), {"kind": "noop", "payload": "{}", "queue": queue, "priority": 0,
+    return [client_store.enqueue(conn, {"kind": "noop", "payload": "{}", "queue": queue, "priority": 0,
                                         "run_at": None, "delay": 0.0, "max_attempts": 5, "dedupe_key": None,
                                         "max_reclaims": 3}) for _ in range(n)]
 
@@ -203,7 +204,7 @@ def test_a_statement_timeout_is_statement_canceled_not_unreachable(dsn):
 
 def test_an_index_row_too_big_is_a_database_error_with_the_servers_message(dsn):
     key = os.urandom(2100).hex()   # random, so that the index cannot compress it
-    err = translated(dsn, lambda c: c.execute(q("enqueue"), {
+    err = translated(dsn, lambda c: client_store.enqueue(c, {
         "kind": "noop", "payload": "{}", "queue": "default", "priority": 0, "run_at": None, "delay": 0.0,
         "max_attempts": 5, "dedupe_key": key, "max_reclaims": 3}))
     assert type(err) is DatabaseError

@@ -9,7 +9,7 @@ import threading
 
 from pgtools import admin_connect, job_row, scalar, wait_for, with_dbname
 
-from pgfence.store.queries import q
+from pgfence.store import client as client_store
 
 
 def test_a_lease_lost_to_an_outage_is_released_without_a_reclaim(dsn, conn, make_worker):
@@ -19,7 +19,7 @@ def test_a_lease_lost_to_an_outage_is_released_without_a_reclaim(dsn, conn, make
     the reclaim scan found its expired lease after the outage and counted a
     reclaim (a few outages quarantined a healthy job).  Now the worker
     releases it, fenced, as soon as the database answers: no reclaim."""
-    job_id = scalar(conn, q("enqueue"), {"kind": "sleep", "payload": json.dumps({"seconds": 2}), "queue": "outage",
+    job_id = client_store.enqueue(conn, {"kind": "sleep", "payload": json.dumps({"seconds": 2}), "queue": "outage",
                                          "priority": 0, "run_at": None, "delay": 0.0, "max_attempts": 5,
                                          "dedupe_key": None, "max_reclaims": 3})
     worker = make_worker("w-outage", queues=("outage",), lease=1.5, poll_interval=0.2)

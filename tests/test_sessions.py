@@ -13,13 +13,13 @@ import psycopg
 import pytest
 from pgtools import scalar, spawn, wait_for
 
+from pgfence.store import client as client_store
 from pgfence.errors import ConfigError
-from pgfence.store.queries import q
 from pgfence.settings import Settings
 
 
 def enqueue(conn, kind: str = "noop", payload: dict | None = None, queue: str = "default") -> int:
-    return scalar(conn, q("enqueue"), {"kind": kind, "payload": json.dumps(payload or {}), "queue": queue,
+    return client_store.enqueue(conn, {"kind": kind, "payload": json.dumps(payload or {}), "queue": queue,
                                        "priority": 0, "run_at": None, "delay": 0.0, "max_attempts": 5,
                                        "dedupe_key": None, "max_reclaims": 3})
 
