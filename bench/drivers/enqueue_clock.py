@@ -20,25 +20,12 @@ from pathlib import Path
 
 import psycopg
 
-_TICK = os.sysconf("SC_CLK_TCK")
+# The benchmark's own /proc readers (drivers run from bench/, where harness is).
+from harness import cpu_seconds
+from harness import machine_busy as machine
+
 _BACKENDS = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
              "AND pid <> pg_backend_pid() AND backend_type = 'client backend'")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def machine() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the machine since boot."""
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = values[3] + values[4]
-    return (sum(values[:8]) - idle) / _TICK, sum(values[:8]) / _TICK
 
 
 def _own() -> float:

@@ -919,11 +919,10 @@ class DatabaseWorkerProcessTestCase(PgfenceTestCase):
 
         worker.process.send_signal(signal.SIGINT)
 
-        # The first ^C drains: for half a second the worker stays, and so does its task.
-        end = time.monotonic() + 0.5
-        while time.monotonic() < end:
-            self.assertIsNone(worker.process.poll(), worker.output)
-            time.sleep(0.05)
+        # The first ^C drains: once the worker says it is stopping, it stays, and so does its task.
+        wait_for(lambda: "stopping: it finishes its running jobs" in worker.output, what="the first ^C",
+                 worker=worker)
+        self.assertIsNone(worker.process.poll(), worker.output)
         result.refresh()
         self.assertEqual(result.status, TaskResultStatus.RUNNING)
         self.assertEqual(result.worker_ids, [worker.name])
