@@ -16,3 +16,13 @@ SELECT pgfence.enqueue(%s, %s::jsonb, %s, %s, coalesce(%s::timestamptz, now()), 
 -- no run_after, the kind's or the default attempts): three parameters to
 -- send rather than six.
 SELECT pgfence.enqueue(%s, %s::jsonb, %s) AS id, now() AS enqueued_at;
+
+-- name: task_result_pending
+-- Whether the result of the done task ``id`` is still to be written: its
+-- fenced block committed the job's completion, and its worker writes the
+-- result once the task returns (a task's result is always stored, JSON
+-- null for None).  After ``grace`` seconds on the database clock a missing
+-- result is taken as lost (the worker stopped between the two writes).
+SELECT result IS NULL AND finished_at > now() - make_interval(secs => %(grace)s) AS pending
+  FROM pgfence.job_history
+ WHERE id = %(id)s AND status = 'done';

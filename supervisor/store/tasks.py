@@ -1,7 +1,7 @@
-"""The Django tasks backend's statement (``sql/queries/tasks.sql``): one
+"""The Django tasks backend's statements (``sql/queries/tasks.sql``): one
 task enqueued on Django's connection, its id and enqueue time in one round
-trip.  Like the other store modules, it neither translates driver errors
-nor retries."""
+trip; whether a done task's result is still being written.  Like the
+other store modules, it neither translates driver errors nor retries."""
 
 from __future__ import annotations
 
@@ -41,3 +41,10 @@ def enqueue(conn: psycopg.Connection[Any], params: TaskParams) -> Enqueued:
     if row is None:   # a SELECT of one function call always returns its row
         raise AssertionError("task_enqueue returned no row")
     return Enqueued(int(row[0]), row[1])
+
+
+def result_pending(conn: psycopg.Connection[Any], job_id: int, grace: float) -> bool:
+    """Whether the done task ``job_id``'s result is still to be written (its
+    fenced block completed the job less than ``grace`` seconds ago)."""
+    row = conn.execute(q("task_result_pending"), {"id": job_id, "grace": grace}).fetchone()
+    return bool(row and row[0])

@@ -32,6 +32,16 @@ def import_order(reference: str, total_cents: int) -> int:
 
 
 @task
+def import_order_then_report(reference: str, total_cents: int, report_seconds: float) -> int:
+    """import_order, then a report that takes a while after the fenced block
+    committed: the task's result is written only when it returns."""
+    with fenced():
+        order = Order.objects.create(reference=reference, total_cents=total_cents)
+    time.sleep(report_seconds)
+    return order.pk
+
+
+@task
 def ship(order_id: int) -> dict:
     """Record the order's shipment, fenced like import_order."""
     job = current_job()

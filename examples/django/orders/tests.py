@@ -19,12 +19,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from django.core import checks
 from django.db import connection, transaction
 from django.test import TransactionTestCase, override_settings
 
 from orders import tasks
+from pgfence.contrib.django import backend
 from orders.models import Order
 
 try:
@@ -232,6 +234,34 @@ class ShopTasks(TransactionTestCase):
         self.assertEqual(fast.stop(), 0)
         self.assertEqual(slow.double_runs_prevented(), 1.0)
         self.assertEqual(fast.double_runs_prevented(), 0.0)
+
+    def test_a_task_is_running_until_its_result_is_written_after_its_fenced_block(self) -> None:
+        result = tasks.import_order_then_report.enqueue("R-1", 990, 2.0)
+        supervisor = self.start()
+        # The fenced block committed the order and the job's completion; the
+        # task has not returned, so its result is not there yet.
+        wait_for(lambda: Order.objects.filter(reference="R-1").exists(), what="the fenced block's commit")
+        self.assertEqual(rows("SELECT status, result IS NULL FROM pgfence.all_jobs"), [("done", True)])
+        result.refresh()
+        self.assertEqual((result.status, result.finished_at), (TaskResultStatus.RUNNING, None))
+        # Had the worker stopped between the two writes, the result would be
+        # lost: after the grace the task is shown done, without one.
+        with mock.patch.object(backend, "RESULT_GRACE", 0.0):
+            result.refresh()
+        self.assertEqual((result.status, result.return_value), (TaskResultStatus.SUCCESSFUL, None))
+        wait_for(lambda: rows("SELECT result IS NOT NULL FROM pgfence.all_jobs") == [(True,)],
+                 what="the task's result")
+        result.refresh()
+        self.assertEqual((result.status, result.return_value), (TaskResultStatus.SUCCESSFUL, Order.objects.get().pk))
+        self.assertEqual(supervisor.stop(), 0)
+
+    def test_a_task_returning_none_stores_json_null(self) -> None:
+        result = tasks.noop.enqueue()
+        supervisor = self.start()
+        self.finished(result)
+        self.assertEqual((result.status, result.return_value), (TaskResultStatus.SUCCESSFUL, None))
+        self.assertEqual(rows("SELECT result::text FROM pgfence.all_jobs"), [("null",)])
+        self.assertEqual(supervisor.stop(), 0)
 
     def test_arguments_json_cannot_carry_are_refused_before_anything_is_written(self) -> None:
         with self.assertRaises(TypeError):

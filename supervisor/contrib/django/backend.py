@@ -31,6 +31,11 @@ NO_ARGUMENTS = '{"args":[],"kwargs":{}}'
 #: Tasks whose validation is remembered, at most (then it starts again).
 VALID_CACHE = 1024
 
+#: Seconds after a task's fenced block completed its job during which a
+#: missing result is one its worker has still to write (the task is shown
+#: RUNNING meanwhile); after them, the result is taken as lost.
+RESULT_GRACE = 60.0
+
 #: The OPTIONS the backend reads, with their defaults.
 OPTIONS = {"DATABASE": "default", "MAX_ATTEMPTS": None, "TASK_MODULES": ()}
 
@@ -170,7 +175,8 @@ class PgfenceBackend(compat.BaseTaskBackend):
         if not isinstance(task, compat.task_classes()):
             raise compat.TaskResultDoesNotExist(f"{result_id}: job {job_id} is of kind {info.kind!r}, which "
                                                 "is not a task")
-        return results.task_result(info, task, self.alias, connection.json_reader(conn))
+        pending = info.status == "done" and info.result is None and store.result_pending(conn, job_id, RESULT_GRACE)
+        return results.task_result(info, task, self.alias, connection.json_reader(conn), pending=pending)
 
     async def aget_result(self, result_id: str) -> Any:
         """:meth:`get_result` from async code."""

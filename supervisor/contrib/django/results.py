@@ -6,7 +6,9 @@ pgfence status            TaskResultStatus
 ========================  ===========================================
 queued                    READY (also between a failed attempt and the next)
 running                   RUNNING
-done                      SUCCESSFUL (``return_value``: the stored result)
+done                      SUCCESSFUL (``return_value``: the stored result);
+                          RUNNING while the result of a task whose
+                          fenced block completed its job is written
 failed, cancelled         FAILED (``errors`` says why)
 ========================  ===========================================
 
@@ -93,18 +95,22 @@ def worker_ids(info: JobInfo) -> list[str]:
     return [by_attempt.get(n) or "" for n in range(1, info.attempt + 1)]
 
 
-def task_result(info: JobInfo, task: Any, backend: str, read_json: Callable[[Any], Any]) -> Any:
+def task_result(info: JobInfo, task: Any, backend: str, read_json: Callable[[Any], Any], *,
+                pending: bool = False) -> Any:
     """The TaskResult of the job ``info`` of ``task``; its payload and
-    result read by ``read_json`` (see connection.json_reader)."""
+    result read by ``read_json`` (see connection.json_reader).  ``pending``:
+    the job is done but its result is still being written (the task's
+    fenced block committed, the task has not returned yet), so it is shown
+    RUNNING until the result is there."""
     payload = read_json(info.payload)
     payload = payload if isinstance(payload, dict) else {}
-    status = compat.TaskResultStatus[STATUS[info.status]]
+    status = compat.TaskResultStatus["RUNNING" if pending else STATUS[info.status]]
     result = compat.TaskResult(
         task=task, id=str(info.id), status=status, enqueued_at=info.created_at,
-        started_at=info.started_at, finished_at=info.finished_at if info.finished else None,
+        started_at=info.started_at, finished_at=info.finished_at if info.finished and not pending else None,
         last_attempted_at=info.started_at, args=list(payload.get("args") or []),
         kwargs=dict(payload.get("kwargs") or {}), backend=backend, errors=errors(info),
         worker_ids=worker_ids(info))
-    if info.status == "done":
+    if info.status == "done" and not pending:
         object.__setattr__(result, "_return_value", read_json(info.result))
     return result

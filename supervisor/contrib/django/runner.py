@@ -132,20 +132,21 @@ def _final(job: JobBase, exc: BaseException) -> bool:
     return job.attempt >= job.max_attempts or isinstance(exc, ResultRejected)
 
 
-def _encode(value: object) -> str | None:
+def _encode(value: object) -> str:
+    """The JSON text of a task's return value: always some text (``null``
+    for None), so a done job without one is a result still being written."""
     try:
         value = compat.normalize_json(value)
     except TypeError as exc:
         raise ResultRejected(f"the task's return value is not JSON serializable: {exc}") from exc
-    return results.encode(value)
+    return results.encode(value) or "null"
 
 
-def _finish(job: JobBase, alias: str, text: str | None) -> None:
+def _finish(job: JobBase, alias: str, text: str) -> None:
     """Complete ``job`` through the fence on Django's connection with its
     result, or store the result of a job the task's fenced block completed."""
     if job.completed:
-        if text is not None:
-            fence.store_result(job, alias, text)
+        fence.store_result(job, alias, text)
         return
     with transaction.atomic(using=alias):
         fence.complete(job, alias, text)
@@ -188,7 +189,7 @@ def _handler(task: Any, backend: Any) -> Any:
         finally:
             fence.unbind(token)
             _db_turn()
-        object.__setattr__(result, "_return_value", None if text is None else json.loads(text))
+        object.__setattr__(result, "_return_value", json.loads(text))
         _settle(result, "SUCCESSFUL")
         compat.task_finished.send(sender=type(backend), task_result=result)
 
@@ -222,7 +223,7 @@ def _async_handler(task: Any, backend: Any) -> Any:
         finally:
             fence.unbind(token)
             await db_turn()
-        object.__setattr__(result, "_return_value", None if text is None else json.loads(text))
+        object.__setattr__(result, "_return_value", json.loads(text))
         _settle(result, "SUCCESSFUL")
         await compat.task_finished.asend(sender=type(backend), task_result=result)
 
