@@ -105,3 +105,38 @@ def test_a_busy_worker_keeps_a_bounded_notification_backlog(dsn, conn, make_work
     assert worker.stats.outcomes == {"done": rounds}
     assert max(backlog) <= per_round, backlog
     assert scalar(conn, "SELECT count(*) FROM pgfence.all_jobs WHERE queue = 'other'") == rounds * per_round
+
+
+def test_a_heartbeat_frozen_before_its_commit_frees_the_rows_within_its_window(dsn, conn):
+    """A renewal locks its jobs' rows; a heartbeat manager stopped between
+    the renewal and its COMMIT kept them locked for the session's
+    idle-in-transaction timeout (60s), and a reclaim skips locked rows, so
+    the jobs went unreclaimed that long after their leases ran out (seen in
+    the fault matrix's stop-renewal case).  A renewal's own timeout is its
+    window: the server ends the frozen session within it."""
+    from pgfence.renewal.renewer import HeartbeatManager
+    from pgfence.store import renewals
+    from pgfence.worker.lease import Lease
+
+    job_id = enqueue(conn)
+    conn.execute("UPDATE pgfence.jobs SET status = 'running', attempt = 1, locked_by = 'w', "
+                 "lease_until = now() + interval '1.5 seconds' WHERE id = %s", (job_id,))
+    manager = HeartbeatManager(dsn, default_lease=1.5, idle_in_transaction_timeout=60.0)
+    lease = Lease(job_id, 1, 1.5)
+    idle_ms = manager.renewal_idle_ms([lease])
+    assert int(idle_ms) == int(manager.window([lease]) * 1000) < 1500
+    frozen = psycopg.connect(dsn)
+    try:
+        frozen.execute("BEGIN")
+        renewals.renewal_settings(frozen, statement_ms="5000", idle_ms=idle_ms)
+        assert renewals.renew(frozen, [job_id], [1], [1.5]) == {(job_id, 1)}
+        # The manager stops here, before its COMMIT.
+        assert not row_lockable(dsn, job_id)
+        wait_for(lambda: row_lockable(dsn, job_id), timeout=5, message="the frozen renewal's row lock freed")
+    finally:
+        frozen.close()
+    # The session's own timeout still applies where it is shorter.
+    short = HeartbeatManager(dsn, default_lease=30.0, idle_in_transaction_timeout=1.0)
+    assert short.renewal_idle_ms([Lease(job_id, 1, 30.0)]) == "1000"
+    off = HeartbeatManager(dsn, default_lease=30.0, idle_in_transaction_timeout=None)
+    assert off.renewal_idle_ms([Lease(job_id, 1, 30.0)]) == str(int(off.window([Lease(job_id, 1, 30.0)]) * 1000))

@@ -207,6 +207,17 @@ class HeartbeatManager:
                 at = min(at, self.next_event(lease))
         return max(at, self._retry_at)
 
+    def renewal_idle_ms(self, leases: list[Lease]) -> str:
+        """The idle-in-transaction timeout of a renewal of ``leases``, in
+        milliseconds: its window, or the session's own if shorter.  A
+        manager frozen (SIGSTOP, a hung host) between its renewal and the
+        COMMIT holds the jobs' rows locked, and a reclaim skips locked rows:
+        with the session's timeout (60s by default) the jobs would stay
+        unreclaimed that long after their leases ran out."""
+        window_ms = max(100, int(self.window(leases) * 1000))
+        own = int(self.idle_in_transaction_ms)
+        return str(window_ms if own == 0 else min(own, window_ms))
+
     def window(self, leases: list[Lease]) -> float:
         """How far ahead a round renews: the shortest period among ``leases``
         (a lease due before the next round goes in this one)."""
@@ -250,7 +261,7 @@ class HeartbeatManager:
                 # a session SET would not survive (or would leak through)
                 # a transaction-pooling PgBouncer.
                 renewals.renewal_settings(conn, statement_ms=str(max(100, int(self.window(live) * 1000))),
-                                        idle_ms=self.idle_in_transaction_ms)
+                                        idle_ms=self.renewal_idle_ms(live))
                 self.statements += 1
                 renewed = renewals.renew(conn, ids, attempts, seconds)
                 missed = [lease.id for lease in live if (lease.id, lease.attempt) not in renewed]
