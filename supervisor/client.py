@@ -66,6 +66,13 @@ class JobInfo:
     #: strings, numbers); None while it is not, or when nothing was stored
     #: (the handler returned None, or its kind says ``result=False``).
     result: Any = None
+    #: The key its kind's per-key concurrency limit counts it under (a
+    #: live job's; history keeps none).
+    concurrency_key: str | None = None
+    #: Why a queued job waits for a concurrency slot: ``concurrency`` (its
+    #: kind's or its key's slots are all held) or ``scheduled`` (its run_at
+    #: is still to come); None when it does not wait on a limit.
+    held_back: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -93,7 +100,8 @@ def _info(found: store.FoundJob | None) -> JobInfo | None:
                    reclaims=job.reclaims, dedupe_key=job.dedupe_key, created_at=job.created_at,
                    run_at=job.run_at, started_at=job.started_at, finished_at=job.finished_at, worker=job.worker,
                    last_error=job.last_error, last_traceback=job.last_traceback,
-                   attempts=tuple(attempts), result=job.result)
+                   attempts=tuple(attempts), result=job.result, concurrency_key=job.concurrency_key,
+                   held_back=job.held_back)
 
 
 def get_job(conn: psycopg.Connection[Any], job_id: int) -> JobInfo | None:

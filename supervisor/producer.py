@@ -27,6 +27,7 @@ from pgfence.scheduling.schedule import TICK_KEY_PREFIX
 from pgfence.store import db
 from pgfence import names
 from pgfence import registry
+from pgfence import limits
 from pgfence.errors import ConfigError
 from pgfence.results import has_nul
 from pgfence.store import client
@@ -51,6 +52,7 @@ def enqueue(
     max_attempts: int | None = None,
     max_reclaims: int | None = None,
     dedupe_key: str | None = None,
+    concurrency_key: str | None = None,
 ) -> int:
     """Enqueue one job on ``conn`` and return its id.
 
@@ -59,11 +61,14 @@ def enqueue(
     those a worker recorded in ``pgfence.kinds`` (applied by the database),
     else to ``default``, 5 and 3.  An explicit value always wins.  With a
     ``dedupe_key`` the id of the live (queued or running) job holding that key
-    is returned instead of a new one.  Bad input raises :class:`ConfigError`
-    before anything is sent.
+    is returned instead of a new one.  A ``concurrency_key`` (at most 200
+    characters, no control character) is what the kind's
+    ``per_key_concurrency`` counts the job under.  Bad input raises
+    :class:`ConfigError` before anything is sent.
     """
     params = _params(kind, payload, queue=queue, priority=priority, run_at=run_at, delay=delay,
-                     max_attempts=max_attempts, max_reclaims=max_reclaims, dedupe_key=dedupe_key)
+                     max_attempts=max_attempts, max_reclaims=max_reclaims, dedupe_key=dedupe_key,
+                     concurrency_key=concurrency_key)
     with db.translated():
         return client.enqueue(conn, params)
 
@@ -80,18 +85,20 @@ async def aenqueue(
     max_attempts: int | None = None,
     max_reclaims: int | None = None,
     dedupe_key: str | None = None,
+    concurrency_key: str | None = None,
 ) -> int:
     """:func:`enqueue` on a ``psycopg.AsyncConnection``: the same options,
     defaults and errors, in the caller's transaction."""
     params = _params(kind, payload, queue=queue, priority=priority, run_at=run_at, delay=delay,
-                     max_attempts=max_attempts, max_reclaims=max_reclaims, dedupe_key=dedupe_key)
+                     max_attempts=max_attempts, max_reclaims=max_reclaims, dedupe_key=dedupe_key,
+                     concurrency_key=concurrency_key)
     with db.translated():
         return await client.aenqueue(aconn, params)
 
 
 #: The fields a job of :func:`enqueue_many` may give: enqueue's arguments.
 FIELDS = frozenset({"kind", "payload", "queue", "priority", "run_at", "delay", "max_attempts", "max_reclaims",
-                    "dedupe_key"})
+                    "dedupe_key", "concurrency_key"})
 
 
 def enqueue_many(conn: psycopg.Connection[Any], jobs: Iterable[Mapping[str, Any]]) -> list[int]:
@@ -182,9 +189,9 @@ def _quick(job: dict[str, Any], kinds: dict[str, registry.HandlerSpec | None],
     if key is not None and (key.__class__ is not str or key.startswith(TICK_KEY_PREFIX)):
         return None
     if spec is None:
-        return (kind, queue, priority, None, 0.0, None, None, key)
+        return (kind, queue, priority, None, 0.0, None, None, key, None)
     assert isinstance(spec, registry.HandlerSpec)
-    return (kind, queue or spec.queue, priority, None, 0.0, spec.max_attempts, spec.max_reclaims, key)
+    return (kind, queue or spec.queue, priority, None, 0.0, spec.max_attempts, spec.max_reclaims, key, None)
 
 
 def _checked(job: object) -> client.EnqueueParams:
@@ -198,18 +205,20 @@ def _checked(job: object) -> client.EnqueueParams:
         raise ConfigError("no kind")
     return _params(job["kind"], job.get("payload"), queue=job.get("queue"), priority=job.get("priority", 0),
                    run_at=job.get("run_at"), delay=job.get("delay"), max_attempts=job.get("max_attempts"),
-                   max_reclaims=job.get("max_reclaims"), dedupe_key=job.get("dedupe_key"))
+                   max_reclaims=job.get("max_reclaims"), dedupe_key=job.get("dedupe_key"),
+                   concurrency_key=job.get("concurrency_key"))
 
 
 def _row(p: client.EnqueueParams) -> client.ManyRow:
     return (p["kind"], p["queue"], p["priority"], p["run_at"], p["delay"], p["max_attempts"], p["max_reclaims"],
-            p["dedupe_key"])
+            p["dedupe_key"], p.get("concurrency_key"))
 
 
 def _params_of(row: client.ManyRow, payload: str) -> client.EnqueueParams:
-    kind, queue, priority, run_at, delay, max_attempts, max_reclaims, dedupe_key = row
+    kind, queue, priority, run_at, delay, max_attempts, max_reclaims, dedupe_key, concurrency_key = row
     return {"kind": kind, "payload": payload, "queue": queue, "priority": priority, "run_at": run_at, "delay": delay,
-            "max_attempts": max_attempts, "dedupe_key": dedupe_key, "max_reclaims": max_reclaims}
+            "max_attempts": max_attempts, "dedupe_key": dedupe_key, "max_reclaims": max_reclaims,
+            "concurrency_key": concurrency_key}
 
 
 def _check_payloads(payloads: Sequence[JSON], first: int = 0) -> None:
@@ -224,7 +233,7 @@ def _check_payloads(payloads: Sequence[JSON], first: int = 0) -> None:
 
 def _params(kind: str, payload: JSON, *, queue: str | None, priority: int, run_at: dt.datetime | None,
             delay: float | None, max_attempts: int | None, max_reclaims: int | None,
-            dedupe_key: str | None) -> client.EnqueueParams:
+            dedupe_key: str | None, concurrency_key: str | None = None) -> client.EnqueueParams:
     """One job's checked statement parameters, its kind's registered
     options applied; :class:`ConfigError` on bad input."""
     names.check(kind, "kind")
@@ -248,6 +257,7 @@ def _params(kind: str, payload: JSON, *, queue: str | None, priority: int, run_a
         raise ConfigError(f"invalid max-attempts: must be at least 1, got {max_attempts}")
     if max_reclaims is not None and max_reclaims < 0:
         raise ConfigError(f"invalid max-reclaims: must be 0 or more, got {max_reclaims}")
+    limits.check_key(concurrency_key)
     # The columns are 32-bit integers; a larger Python int would be sent as a
     # bigint, for which no pgfence.enqueue(...) signature exists.
     for name, value in (("priority", priority), ("max-attempts", max_attempts), ("max-reclaims", max_reclaims)):
@@ -271,6 +281,7 @@ def _params(kind: str, payload: JSON, *, queue: str | None, priority: int, run_a
         "max_attempts": max_attempts,
         "dedupe_key": dedupe_key,
         "max_reclaims": max_reclaims,
+        "concurrency_key": concurrency_key,
     }
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from pgfence import bounds, names
+from pgfence import bounds, limits, names
 from pgfence.errors import ConfigError, HandlerImportError, UnknownHandler
 from pgfence.scheduling.schedule import CATCH_UP_WINDOW, Schedule
 
@@ -60,6 +60,10 @@ class HandlerSpec:
     is_async: bool = False
     #: Store the handler's return value as its job's result (pgfence.results).
     store_result: bool = True
+    #: At most this many jobs of the kind at once, across every supervisor.
+    concurrency: int | None = None
+    #: At most this many at once of one concurrency key of the kind.
+    per_key_concurrency: int | None = None
 
 
 _REGISTRY: dict[str, HandlerSpec] = {}
@@ -83,6 +87,8 @@ def handler(
     catch_up: str = "latest",
     catch_up_window: float = CATCH_UP_WINDOW,
     result: bool = True,
+    concurrency: int | None = None,
+    per_key_concurrency: int | None = None,
 ) -> Callable[[H], H]:
     """Register the decorated function as the handler of jobs of ``kind``
     and return it unchanged.
@@ -93,7 +99,13 @@ def handler(
 
     With ``cron`` (an expression in ``tz``) or ``every`` (seconds, at least
     one), jobs of ``kind`` are also enqueued periodically, with ``payload``,
-    by a schedule named after the kind (see :func:`periodic`)."""
+    by a schedule named after the kind (see :func:`periodic`).
+
+    ``concurrency``: at most that many jobs of ``kind`` run at once, across
+    every supervisor; ``per_key_concurrency``: at most that many of one
+    ``concurrency_key`` (given at enqueue).  Both are recorded in the
+    database when a worker starts, where ``pgfence limits set`` may change
+    them at run time."""
     if not kind or not isinstance(kind, str):
         raise ConfigError("a handler needs a non-empty kind")
     names.check(kind, "kind")
@@ -109,13 +121,19 @@ def handler(
         raise ConfigError(f"handler {kind!r}: max_attempts must be at least 1, got {max_attempts}")
     if max_reclaims is not None and max_reclaims < 0:
         raise ConfigError(f"handler {kind!r}: max_reclaims must be 0 or more, got {max_reclaims}")
+    try:
+        limits.check_limit(concurrency, "concurrency")
+        limits.check_limit(per_key_concurrency, "per_key_concurrency")
+    except ConfigError as exc:
+        raise ConfigError(f"handler {kind!r}: {exc}") from None
 
     def register(func: H) -> H:
         if is_async_generator(func):
             raise ConfigError(f"handler {kind!r} ({_name_of(func)}) is an async generator; calling it runs "
                               "nothing: define it with async def and no yield, or with def")
         _REGISTRY[kind] = HandlerSpec(kind, func, queue, lease, timeout, max_attempts, max_reclaims,
-                                      is_async=is_async(func), store_result=bool(result))
+                                      is_async=is_async(func), store_result=bool(result),
+                                      concurrency=concurrency, per_key_concurrency=per_key_concurrency)
         return func
 
     if cron is not None or every is not None:

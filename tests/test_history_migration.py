@@ -51,7 +51,8 @@ def upgrade_a_database_of(empty_dsn: str, finished: int) -> None:
     assert (out.returncode, out.stdout, out.stderr) == (0, "applied 0009_job_history\napplied 0010_jobs_autovacuum\napplied 0011_periodic\n"
                                                                    "applied 0012_operations\napplied 0013_bulk_actions\n"
                                                                    "applied 0014_job_results\napplied 0015_attempt_tracebacks\n"
-                                                                   "applied 0016_names_check_cost\n", "")
+                                                                   "applied 0016_names_check_cost\n"
+                                                                   "applied 0017_concurrency_limits\n", "")
 
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert dict(conn.execute("SELECT status, count(*) FROM pgfence.jobs GROUP BY status").fetchall()) == \

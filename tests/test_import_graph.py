@@ -61,7 +61,8 @@ MAX_LINES = 400
 #: Layers bottom-up: (name, module prefixes).  A prefix names a module and
 #: its submodules; ``pgfence`` alone names only the package's ``__init__``.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("pgfence.errors", "pgfence.names", "pgfence.identity", "pgfence.bounds", "pgfence.backoff",
+    ("base", ("pgfence.errors", "pgfence.names", "pgfence.limits", "pgfence.identity", "pgfence.bounds",
+              "pgfence.backoff",
               "pgfence.errortext", "pgfence.results", "pgfence.settings", "pgfence.settings_declare",
               "pgfence.settings_values",
               "pgfence.settings_table", "pgfence.scheduling.schedule", "pgfence.scheduling.plan",

@@ -15,7 +15,7 @@ EXPECTED_MIGRATIONS = [(1, "jobs"), (2, "handler_tables"), (3, "jobs_fillfactor"
                        (5, "claim_indexes"), (6, "kinds"), (7, "putbacks_tracebacks"),
                        (8, "names"), (9, "job_history"), (10, "jobs_autovacuum"), (11, "periodic"),
                        (12, "operations"), (13, "bulk_actions"), (14, "job_results"),
-                       (15, "attempt_tracebacks"), (16, "names_check_cost")]
+                       (15, "attempt_tracebacks"), (16, "names_check_cost"), (17, "concurrency_limits")]
 
 
 def schema_dump(conn: psycopg.Connection, *, with_applied_at: bool = True) -> dict:
@@ -139,7 +139,10 @@ def test_jobs_table_has_the_declared_columns(conn):
     assert {name: cols[name][:2] for name in SPEC_COLUMNS if name in cols} == SPEC_COLUMNS
     # Beyond the spec: the reclaim budget, the put-backs of unknown kinds
     # (no attempt spent) and the last error's traceback.
-    assert set(cols) - set(SPEC_COLUMNS) == {"reclaims", "max_reclaims", "putbacks", "last_traceback"}
+    assert set(cols) - set(SPEC_COLUMNS) == {"reclaims", "max_reclaims", "putbacks", "last_traceback",
+                                             "concurrency_key", "gated", "held_back"}
+    assert (cols["concurrency_key"][:2], cols["gated"][:2], cols["held_back"][:2]) == \
+        (("text", "YES"), ("boolean", "NO"), ("text", "YES"))
     assert cols["putbacks"][:2] == ("integer", "NO") and cols["last_traceback"][:2] == ("text", "YES")
     assert cols["id"][2:] == ("YES", "ALWAYS")
     assert [name for name, c in cols.items() if c[2] == "YES"] == ["id"]
@@ -161,6 +164,9 @@ def test_jobs_table_has_the_declared_columns(conn):
         assert "(queue, priority DESC, run_at, id)" in indexdef
         assert re.findall(r"'(\w+)'::text", indexdef) == [status]
         assert "lease_until" not in indexdef        # renewals stay HOT
+    # Jobs held back by a concurrency limit are not in the claim's index.
+    assert scalar(conn, "SELECT indexdef FROM pg_indexes WHERE indexname = 'jobs_queued_idx'").endswith(
+        "WHERE ((status = 'queued'::text) AND (held_back IS NULL))")
 
 
 def test_status_check_constraint_enforced(conn):

@@ -3,11 +3,11 @@
 -- name: enqueue_one
 -- jobs.sql's enqueue (pgfence.enqueue(), a delay added to the database
 -- clock) with its parameters by position (kind, payload, queue, priority,
--- run_at, delay, max_attempts, dedupe_key, max_reclaims: see
+-- run_at, delay, max_attempts, dedupe_key, max_reclaims, concurrency_key: see
 -- pgfence.store.client._one): named ones cost the producer's psycopg
 -- about 5 us more CPU a call, 7% of what the round trip costs it.
 SELECT pgfence.enqueue(%s, %s::jsonb, %s, %s, coalesce(%s::timestamptz, now() + make_interval(secs => %s::float8)),
-                       %s, %s, %s);
+                       %s, %s, %s, %s);
 
 -- name: enqueue_default
 -- enqueue_one for a job whose options are all at their defaults but its
@@ -57,26 +57,28 @@ WITH given AS (
                       unnest(%(queues)s::text[]), unnest(%(priorities)s::int4[]),
                       unnest(%(run_ats)s::timestamptz[]), unnest(%(delays)s::float8[]),
                       unnest(%(max_attempts)s::int4[]), unnest(%(max_reclaims)s::int4[]),
-                      unnest(%(dedupe_keys)s::text[]))
+                      unnest(%(dedupe_keys)s::text[]), unnest(%(concurrency_keys)s::text[]))
            WITH ORDINALITY AS g(kind, payload, queue, priority, run_at, delay, max_attempts, max_reclaims,
-                                dedupe_key, n)
+                                dedupe_key, concurrency_key, n)
      ORDER BY g.n
 ), plain AS (
-    INSERT INTO pgfence.jobs (id, kind, payload, queue, priority, run_at, max_attempts, max_reclaims)
+    INSERT INTO pgfence.jobs (id, kind, payload, queue, priority, run_at, max_attempts, max_reclaims, concurrency_key)
     OVERRIDING SYSTEM VALUE
     SELECT g.id, coalesce(g.kind, %(kind)s), coalesce(g.payload, '{}'::jsonb), coalesce(g.queue, k.queue, 'default'),
            coalesce(g.priority, 0), coalesce(g.run_at, now() + make_interval(secs => coalesce(g.delay, 0))),
-           coalesce(g.max_attempts, k.max_attempts, 5), coalesce(g.max_reclaims, k.max_reclaims, 3)
+           coalesce(g.max_attempts, k.max_attempts, 5), coalesce(g.max_reclaims, k.max_reclaims, 3), g.concurrency_key
       FROM given g
       LEFT JOIN pgfence.kinds k ON k.kind = coalesce(g.kind, %(kind)s)
      WHERE g.dedupe_key IS NULL
     RETURNING queue
 ), keyed AS (
-    INSERT INTO pgfence.jobs (id, kind, payload, queue, priority, run_at, max_attempts, max_reclaims, dedupe_key)
+    INSERT INTO pgfence.jobs (id, kind, payload, queue, priority, run_at, max_attempts, max_reclaims, dedupe_key,
+                              concurrency_key)
     OVERRIDING SYSTEM VALUE
     SELECT g.id, coalesce(g.kind, %(kind)s), coalesce(g.payload, '{}'::jsonb), coalesce(g.queue, k.queue, 'default'),
            coalesce(g.priority, 0), coalesce(g.run_at, now() + make_interval(secs => coalesce(g.delay, 0))),
-           coalesce(g.max_attempts, k.max_attempts, 5), coalesce(g.max_reclaims, k.max_reclaims, 3), g.dedupe_key
+           coalesce(g.max_attempts, k.max_attempts, 5), coalesce(g.max_reclaims, k.max_reclaims, 3), g.dedupe_key,
+           g.concurrency_key
       FROM given g
       LEFT JOIN pgfence.kinds k ON k.kind = coalesce(g.kind, %(kind)s)
      WHERE g.dedupe_key IS NOT NULL

@@ -17,7 +17,8 @@
 -- stops after the batch, so a claim costs the same with ten jobs queued or a
 -- million.  (queue = ANY(array) makes PostgreSQL read every live row of the
 -- queues and sort them, for each claim.)  Queued jobs come from an index of
--- queued jobs alone, so running jobs cost the claim nothing; running jobs
+-- queued jobs alone (not held back by a concurrency limit: migration 0017),
+-- so running and held jobs cost the claim nothing; running jobs
 -- are read, for expired leases, only when the worker asks (%(reclaim)s,
 -- about once a second): with it false PostgreSQL skips that scan.  Each
 -- queue's heads are then merged.  %(kinds)s, when not NULL, limits the
@@ -33,7 +34,7 @@ WITH candidates AS (
             SELECT id, status AS prev_status, attempt - putbacks AS spent, max_attempts,
                    reclaims AS new_reclaims, max_reclaims, priority, run_at, NULL::jsonb AS lost
               FROM pgfence.jobs
-             WHERE queue = wanted.queue AND status = 'queued' AND run_at <= now()
+             WHERE queue = wanted.queue AND status = 'queued' AND held_back IS NULL AND run_at <= now()
                AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
                AND (%(not_kinds)s::text[] IS NULL OR kind <> ALL(%(not_kinds)s::text[]))
              ORDER BY priority DESC, run_at, id
@@ -263,21 +264,26 @@ SELECT status FROM put_back;
 WITH RECURSIVE priorities AS (
     SELECT wanted.queue,
            (SELECT priority FROM pgfence.jobs
-             WHERE queue = wanted.queue AND status = 'queued'
+             WHERE queue = wanted.queue AND status = 'queued' AND held_back IS NULL
              ORDER BY priority DESC LIMIT 1) AS priority
       FROM unnest(%(queues)s::text[]) AS wanted(queue)
     UNION ALL
     SELECT p.queue,
            (SELECT priority FROM pgfence.jobs
-             WHERE queue = p.queue AND status = 'queued' AND priority < p.priority
+             WHERE queue = p.queue AND status = 'queued' AND held_back IS NULL AND priority < p.priority
              ORDER BY priority DESC LIMIT 1)
       FROM priorities p
      WHERE p.priority IS NOT NULL
 )
-SELECT extract(epoch FROM min(
-           (SELECT run_at FROM pgfence.jobs
-             WHERE queue = p.queue AND status = 'queued' AND priority = p.priority AND run_at > now()
-             ORDER BY priority DESC, run_at LIMIT 1)) - now())::float8
+SELECT extract(epoch FROM least(
+           min((SELECT run_at FROM pgfence.jobs
+                 WHERE queue = p.queue AND status = 'queued' AND held_back IS NULL AND priority = p.priority
+                   AND run_at > now()
+                 ORDER BY priority DESC, run_at LIMIT 1)),
+           -- A job held back by a concurrency limit until its run_at
+           -- (migration 0017), of any queue: the wake admits it
+           -- (admit_due), and the admission notifies its queue.
+           (SELECT min(run_at) FROM pgfence.jobs WHERE held_back = 'scheduled')) - now())::float8
   FROM priorities p
  WHERE p.priority IS NOT NULL;
 

@@ -51,7 +51,7 @@ SELECT count(*)::bigint, max(id)
 -- attempt (history's worker).
 SELECT id, queue, kind, status, payload, attempt, max_attempts, reclaims, max_reclaims, priority, putbacks,
        run_at, created_at, started_at, finished_at, lease_until, worker, dedupe_key, last_error, last_traceback,
-       result, now() AS now
+       result, now() AS now, concurrency_key, held_back
   FROM pgfence.all_jobs
  WHERE id = %(id)s::bigint
  LIMIT 1;

@@ -23,6 +23,7 @@ import psycopg
 from pgfence.cli import actions, errors, reports, run, tools
 from pgfence.cli import embedded as embedded_cli
 from pgfence.cli import enqueue as enqueue_cli
+from pgfence.cli import limits as limits_cli
 from pgfence.cli import web as web_cli
 from pgfence.cli.common import NO_HANDLERS
 from pgfence.cli.parser import LOG_LEVELS, build_parser
@@ -39,7 +40,7 @@ COMMANDS = {
     "status": reports.cmd_status, "failed": reports.cmd_failed, "periodic": reports.cmd_periodic,
     "web": web_cli.cmd_web, "retry": actions.cmd_retry, "cancel": actions.cmd_cancel, "pause": actions.cmd_pause,
     "resume": actions.cmd_resume, "prune": actions.cmd_prune, "demo": tools.cmd_demo, "dsn": reports.cmd_dsn,
-    "loadtest": tools.cmd_loadtest, "embedded": embedded_cli.cmd_embedded,
+    "loadtest": tools.cmd_loadtest, "embedded": embedded_cli.cmd_embedded, "limits": limits_cli.cmd_limits,
 }
 
 

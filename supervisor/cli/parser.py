@@ -135,6 +135,17 @@ def build_parser() -> argparse.ArgumentParser:
     common_options(p)
     p.add_argument("queue", help="the queue to pause")
 
+    p = sub.add_parser("limits", help="concurrency limits per kind and per key: show them, set or reset one")
+    common_options(p)
+    p.add_argument("action", nargs="?", choices=("show", "set", "reset"), default="show",
+                   help="show (default): every kind's limits and their use; set: a kind's limits at run time "
+                        "(they win over its handler's until reset); reset: back to its handler's")
+    p.add_argument("kind", nargs="?", help="the kind to set or reset")
+    p.add_argument("--concurrency", type=int, help="at most this many jobs of the kind at once, cluster-wide")
+    p.add_argument("--per-key", type=int, dest="per_key",
+                   help="at most this many at once of one concurrency key of the kind")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
     p = sub.add_parser("resume", help="claim a paused queue's jobs again")
     common_options(p)
     p.add_argument("queue", help="the queue to resume")

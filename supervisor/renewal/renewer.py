@@ -8,17 +8,15 @@ pace, and a round renews, in one statement, every lease due before the next
 round.  It learns per job which renewals were rejected (the attempt no longer
 owns the job, or the job was cancelled) and marks those leases lost; a lease
 whose local deadline passes is marked lost too (see :mod:`supervisor.lease`),
-as ``renewal_failed`` when a renewal was tried and failed, else as
-``expired``.
+as ``renewal_failed`` after a failed renewal, else ``expired``.
 
 A job that runs past its kind's timeout is marked lost (``timeout``) at that
 moment, so its handler's ``check()`` raises, but it is still renewed for
 ``timeout_grace`` seconds more: nobody else may claim it while its worker
 finishes the attempt or is killed (``lost_lease_kill_after``).
 
-The manager is a plain object with :meth:`run_once`, which returns what it
-did; :meth:`start` runs it in a thread for an in-process worker, and the
-supervisor runs it in a process of its own for all children.
+A plain object with :meth:`run_once`; :meth:`start` runs it in a thread of
+an in-process worker, the supervisor in a process of its own.
 """
 
 from __future__ import annotations
@@ -126,9 +124,7 @@ class HeartbeatManager:
         # next_event).
         self._last_sent = float("-inf")
         self._thread: threading.Thread | None = None
-        # The statement may not outlive the shortest period of the leases it
-        # renews (see run_once): a renewal that is late is worth nothing, and
-        # the next round tries again.
+        # A renewal statement lives at most its leases' shortest period.
         # A round starved of a connection makes the pool try again at once
         # (see pools.Reconnecting): the first round after an outage renews.
         self._pool = pools.Reconnecting(lambda: ConnectionPool(
@@ -208,12 +204,9 @@ class HeartbeatManager:
         return max(at, self._retry_at)
 
     def renewal_idle_ms(self, leases: list[Lease]) -> str:
-        """The idle-in-transaction timeout of a renewal of ``leases``, in
-        milliseconds: its window, or the session's own if shorter.  A
-        manager frozen (SIGSTOP, a hung host) between its renewal and the
-        COMMIT holds the jobs' rows locked, and a reclaim skips locked rows:
-        with the session's timeout (60s by default) the jobs would stay
-        unreclaimed that long after their leases ran out."""
+        """A renewal's idle-in-transaction timeout (ms): its window, or the
+        session's if shorter.  A manager frozen before its COMMIT holds the
+        rows locked, which reclaims skip (the session's 60s was too long)."""
         window_ms = max(100, int(self.window(leases) * 1000))
         own = int(self.idle_in_transaction_ms)
         return str(window_ms if own == 0 else min(own, window_ms))
@@ -295,10 +288,8 @@ class HeartbeatManager:
                 continue
             verdict = verdicts.get(lease.id)
             if verdict is not None and verdict.status == "done" and verdict.attempt == lease.attempt:
-                # Completed by this very attempt (only its holder's fenced
-                # completion can do that) after the round read the leases:
-                # the lease ended as it should, nothing was lost, and there
-                # is nothing left to renew.
+                # Completed by this very attempt after the round read the
+                # leases: the lease ended as it should, nothing was lost.
                 self.untrack(lease)
                 continue
             reason = "cancelled" if verdict is not None and verdict.status == "cancelled" else "renewal_rejected"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Sequence
-from typing import Any, LiteralString, NamedTuple, TypeAlias, TypedDict
+from typing import Any, LiteralString, NamedTuple, NotRequired, TypeAlias, TypedDict
 
 import psycopg
 
@@ -36,6 +36,9 @@ class EnqueueParams(TypedDict):
     max_attempts: int | None
     dedupe_key: str | None
     max_reclaims: int | None
+    #: The key a per-key concurrency limit counts the job under (absent or
+    #: None: none).
+    concurrency_key: NotRequired[str | None]
 
 
 def _job_id(row: tuple[Any, ...] | None) -> int:
@@ -50,10 +53,10 @@ def _one(p: EnqueueParams) -> tuple[LiteralString, tuple[Any, ...]]:
     ``enqueue_default`` when every option but the queue is at its
     default, else ``enqueue_one``."""
     if (p["priority"] == 0 and p["run_at"] is None and not p["delay"] and p["max_attempts"] is None
-            and p["dedupe_key"] is None and p["max_reclaims"] is None):
+            and p["dedupe_key"] is None and p["max_reclaims"] is None and p.get("concurrency_key") is None):
         return q("enqueue_default"), (p["kind"], p["payload"], p["queue"])
     return q("enqueue_one"), (p["kind"], p["payload"], p["queue"], p["priority"], p["run_at"], p["delay"],
-                              p["max_attempts"], p["dedupe_key"], p["max_reclaims"])
+                              p["max_attempts"], p["dedupe_key"], p["max_reclaims"], p.get("concurrency_key"))
 
 
 def enqueue(conn: psycopg.Connection[Any], params: EnqueueParams) -> int:
@@ -71,9 +74,11 @@ async def aenqueue(aconn: psycopg.AsyncConnection[Any], params: EnqueueParams) -
 MANY_CHUNK = 10_000
 
 #: One job of :func:`enqueue_many`, checked, its payload apart: kind,
-#: queue, priority, run_at, delay, max_attempts, max_reclaims, dedupe_key
-#: (a None queue, max_attempts or max_reclaims: the kind's option).
-ManyRow: TypeAlias = tuple[str, str | None, int, datetime.datetime | None, float, int | None, int | None, str | None]
+#: queue, priority, run_at, delay, max_attempts, max_reclaims, dedupe_key,
+#: concurrency_key (a None queue, max_attempts or max_reclaims: the kind's
+#: option).
+ManyRow: TypeAlias = tuple[str, str | None, int, datetime.datetime | None, float, int | None, int | None, str | None,
+                           str | None]
 
 
 def enqueue_many(conn: psycopg.Connection[Any], rows: Sequence[ManyRow], payloads: Sequence[str],
@@ -136,8 +141,9 @@ def _many_params(chunk: Sequence[ManyRow],
     values go as a list, for psycopg to write."""
     n = len(chunk)
     columns = tuple(zip(*chunk, strict=True))
-    kinds, queues, priorities, run_ats, delays, max_attempts, max_reclaims, keys = columns
-    if all(c.count(c[0]) == n for c in columns) and run_ats[0] is None and keys[0] is None:
+    kinds, queues, priorities, run_ats, delays, max_attempts, max_reclaims, keys, concurrency_keys = columns
+    if (all(c.count(c[0]) == n for c in columns) and run_ats[0] is None and keys[0] is None
+            and concurrency_keys[0] is None):
         return q("enqueue_many_alike"), {
             "payloads": payloads, "kind": kinds[0], "queue": queues[0], "priority": priorities[0],
             "delay": delays[0], "max_attempts": max_attempts[0], "max_reclaims": max_reclaims[0]}, keys
@@ -155,6 +161,9 @@ def _many_params(chunk: Sequence[ManyRow],
         "max_reclaims": _int_array(max_reclaims, n),
         "dedupe_keys": None if keys.count(None) == n else "{" + ",".join(
             "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in keys) + "}",
+        # A key holds no control character (the column's check); a list,
+        # for psycopg to write, since it may hold any other.
+        "concurrency_keys": None if concurrency_keys.count(None) == n else list(concurrency_keys),
     }, keys
 
 

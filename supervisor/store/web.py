@@ -91,6 +91,11 @@ class JobDetail(NamedTuple):
     result: Any
     #: The database's clock when the row was read.
     now: dt.datetime
+    #: The key its kind's per-key concurrency counts it under (live jobs).
+    concurrency_key: str | None = None
+    #: Why a queued job waits: ``concurrency`` (its limit's slots are all
+    #: held) or ``scheduled`` (held by a limit, its run_at still to come).
+    held_back: str | None = None
 
 
 def job(conn: psycopg.Connection, job_id: int) -> JobDetail | None:

@@ -27,6 +27,7 @@ from pgfence.job import JobBase
 from pgfence.observe import metrics
 from pgfence.store import db, operations, renewals
 from pgfence.store import jobs as store
+from pgfence.store import limits as limits_store
 from pgfence.worker import retention
 from pgfence.worker.lease import Lease
 from pgfence.worker.outcomes import FAILED, Outcomes
@@ -176,6 +177,10 @@ class Claiming(Outcomes):
         self.refresh_pauses()
         args, sent_at = self.claim_args(batch, kinds, not_kinds, reclaim=reclaim)
         with db.translated(self.dsn):
+            if args["reclaim"]:
+                # About once a second, as the expired leases: held jobs of
+                # a concurrency limit whose run_at came are admitted.
+                limits_store.admit_due(self.conn)
             rows = store.claim(self.conn, **args)
         return self.adopt(rows, sent_at)
 
@@ -256,6 +261,7 @@ class Claiming(Outcomes):
         queues = self.active_queues()
         try:
             with db.translated(self.dsn):
+                limits_store.admit_due(self.conn)
                 until = store.next_run_at(self.conn, queues)
                 lease_end = store.next_lease_end(self.conn, queues)
         except DatabaseError as exc:

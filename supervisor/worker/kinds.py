@@ -24,6 +24,7 @@ import psycopg
 from pgfence.background import Service
 from pgfence.store import db
 from pgfence.store import kinds as kinds_store
+from pgfence.store import limits as limits_store
 from pgfence.registry import HandlerSpec
 
 
@@ -31,14 +32,15 @@ log = logging.getLogger("pgfence.heartbeat")
 
 
 def register(conn: psycopg.Connection, specs: Iterable[HandlerSpec], *, by: str) -> list[str]:
-    """Upsert the options of ``specs`` as written ``by`` (a supervisor's or
-    worker's name); return the kinds whose row was written (new or changed).
+    """Upsert the options of ``specs`` and their declared concurrency
+    limits as written ``by`` (a supervisor's or worker's name); return the
+    kinds whose row of either table was written (new or changed).
     Kinds not among ``specs`` are left as they are."""
     specs = list(specs)
     if not specs:
         return []
-    with db.translated():
-        return kinds_store.register(
+    with db.translated(), conn.transaction():
+        changed = kinds_store.register(
             conn,
             kinds=[s.kind for s in specs],
             queues=[s.queue for s in specs],
@@ -48,6 +50,13 @@ def register(conn: psycopg.Connection, specs: Iterable[HandlerSpec], *, by: str)
             timeouts=[None if s.timeout is None else float(s.timeout) for s in specs],
             by=by,
         )
+        # The declared concurrency limits (pgfence.limits), and the kinds'
+        # jobs gated again where they changed.
+        limited = limits_store.declare(conn, [s.kind for s in specs], [s.concurrency for s in specs],
+                                       [s.per_key_concurrency for s in specs], by=by)
+        for kind in limited:
+            limits_store.gate(conn, kind)
+    return sorted(set(changed) | set(limited))
 
 
 def known(conn: psycopg.Connection, kind: str) -> bool:

@@ -1,0 +1,419 @@
+-- Concurrency limits: at most N jobs of a kind at once across every
+-- supervisor (`concurrency`), and at most M at once of one concurrency key
+-- of that kind (`per_key_concurrency`, the key given at enqueue).
+--
+-- A job subject to a limit is *gated*.  A gated job holds a slot of its
+-- kind's limit (and of its key's) from the moment it is *admitted* until it
+-- leaves the live table or goes back to waiting: while it is queued and
+-- admitted, running, and running with an expired lease until a reclaim
+-- hands the slot on to the next attempt of the same job.  A gated job that
+-- is not admitted stays `queued` with `held_back` saying why it waits
+-- ('concurrency': its kind's or its key's slots are all held; 'scheduled':
+-- its run_at has not come), out of the claim's index: the claim never reads
+-- it, however many wait.
+--
+-- Admission (pgfence.admit) counts the holders of a limit and admits the
+-- next held jobs up to the limit, under a row lock of the limit (the kind's
+-- row in pgfence.limits for a kind concurrency, the key's row in
+-- pgfence.limit_keys for a per-key limit alone) taken in its own statement,
+-- so its count sees every admission committed before it (no count-then-act
+-- race under READ COMMITTED).  Admission runs when a job enters (enqueue),
+-- when a holder leaves (completion, failure, retry, put-back, release,
+-- cancel, a reclaim's verdict: in the same transaction, at its commit), when
+-- a limit changes, and for held jobs whose run_at came (admit_due, called
+-- by each supervisor's renewal about once a second).  The locks are taken
+-- at commit, in (kind, key) order, so two commits never wait for each other
+-- in a cycle, and a producer's long transaction holds none.
+--
+-- The claim is unchanged but for `held_back IS NULL`: an admitted job is a
+-- queued job like any other, claimed in priority order by any supervisor.
+-- No limit is ever exceeded by a crash: a SIGKILLed or frozen holder keeps
+-- its slot until its lease ends and a reclaim takes the job (the next
+-- attempt inherits the slot) or fails it (the slot is freed), and the
+-- attempt that lost its lease is fenced out at completion.
+
+ALTER TABLE pgfence.jobs
+    ADD COLUMN concurrency_key text,
+    ADD COLUMN gated boolean NOT NULL DEFAULT false,
+    ADD COLUMN held_back text,
+    ADD CONSTRAINT jobs_concurrency_key_check
+        CHECK (concurrency_key <> '' AND length(concurrency_key) <= 200 AND concurrency_key !~ '[[:cntrl:]]'),
+    ADD CONSTRAINT jobs_held_back_check
+        CHECK (held_back IS NULL OR (gated AND status = 'queued' AND held_back IN ('concurrency', 'scheduled')));
+
+-- The claim reads admitted and ungated queued jobs only.
+DROP INDEX pgfence.jobs_queued_idx;
+CREATE INDEX jobs_queued_idx ON pgfence.jobs (queue, priority DESC, run_at, id)
+    WHERE status = 'queued' AND held_back IS NULL;
+-- Held jobs waiting for a slot, in the order admission takes them: of a
+-- kind, and of a key.  (A held job whose run_at has not come is
+-- 'scheduled', in the index below alone, until admit_due finds it due.)
+CREATE INDEX jobs_held_idx ON pgfence.jobs (kind, priority DESC, run_at, id)
+    WHERE held_back = 'concurrency';
+CREATE INDEX jobs_held_key_idx ON pgfence.jobs (kind, concurrency_key, priority DESC, run_at, id)
+    WHERE held_back = 'concurrency';
+-- The holders of a kind's and of a key's slots, counted by admission.
+CREATE INDEX jobs_holders_idx ON pgfence.jobs (kind, concurrency_key)
+    WHERE gated AND held_back IS NULL;
+-- Held jobs whose run_at had not come, for admit_due.
+CREATE INDEX jobs_held_scheduled_idx ON pgfence.jobs (run_at)
+    WHERE held_back = 'scheduled';
+
+-- The limits of each kind: declared by its handler (written when a worker
+-- starts, like pgfence.kinds) and set at run time (pgfence limits set),
+-- which wins until reset.  Every supervisor reads the one effective value.
+CREATE TABLE pgfence.limits (
+    kind                 text PRIMARY KEY,
+    declared_concurrency integer,
+    declared_per_key     integer,
+    set_concurrency      integer,
+    set_per_key          integer,
+    concurrency          integer GENERATED ALWAYS AS (coalesce(set_concurrency, declared_concurrency)) STORED,
+    per_key_concurrency  integer GENERATED ALWAYS AS (coalesce(set_per_key, declared_per_key)) STORED,
+    updated_at           timestamptz NOT NULL DEFAULT now(),
+    updated_by           text,
+    CONSTRAINT limits_kind_check CHECK (kind <> ''),
+    CONSTRAINT limits_values_check CHECK (declared_concurrency >= 1 AND declared_per_key >= 1
+                                          AND set_concurrency >= 1 AND set_per_key >= 1)
+);
+
+-- One row per concurrency key of a kind: the lock under which a per-key
+-- limit admits (a kind with a concurrency of its own admits under its
+-- pgfence.limits row, and takes the key's row too).
+CREATE TABLE pgfence.limit_keys (
+    kind            text NOT NULL,
+    concurrency_key text NOT NULL,
+    PRIMARY KEY (kind, concurrency_key)
+);
+
+-- Admit the held jobs of kind p_kind (and key p_key) that the kind's
+-- limits let run now; returns how many.  Called with the holders' changes
+-- of this transaction made (an exit already deleted or held back).
+CREATE FUNCTION pgfence.admit(p_kind text, p_key text) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_conc    integer;
+    v_per_key integer;
+    v_free    integer;
+    v_used    integer;
+    v_n       integer := 0;
+    v_cand    record;
+BEGIN
+    SELECT concurrency, per_key_concurrency INTO v_conc, v_per_key FROM pgfence.limits WHERE kind = p_kind;
+    IF v_conc IS NOT NULL THEN
+        -- The kind's row serializes its admissions; read the limit again
+        -- under the lock, and count in a statement of its own.
+        SELECT concurrency, per_key_concurrency INTO v_conc, v_per_key
+          FROM pgfence.limits WHERE kind = p_kind FOR NO KEY UPDATE;
+    ELSIF v_per_key IS NOT NULL AND p_key IS NOT NULL THEN
+        INSERT INTO pgfence.limit_keys VALUES (p_kind, p_key) ON CONFLICT DO NOTHING;
+        PERFORM 1 FROM pgfence.limit_keys WHERE kind = p_kind AND concurrency_key = p_key FOR NO KEY UPDATE;
+    END IF;
+
+    IF v_conc IS NOT NULL THEN
+        SELECT v_conc - count(*) INTO v_free
+          FROM pgfence.jobs WHERE kind = p_kind AND gated AND held_back IS NULL;
+        IF v_free <= 0 THEN
+            RETURN 0;
+        END IF;
+        IF v_per_key IS NULL THEN
+            UPDATE pgfence.jobs SET held_back = NULL
+             WHERE id IN (SELECT id FROM pgfence.jobs
+                           WHERE kind = p_kind AND held_back = 'concurrency' AND run_at <= now()
+                           ORDER BY priority DESC, run_at, id
+                           LIMIT v_free
+                             FOR UPDATE SKIP LOCKED);
+            GET DIAGNOSTICS v_n = ROW_COUNT;
+            RETURN v_n;
+        END IF;
+        -- A kind limit and a per-key limit: the next held jobs whose key
+        -- has a slot free too (the first 500 looked at; admit_due and the
+        -- next exit look again).
+        FOR v_cand IN SELECT id, concurrency_key FROM pgfence.jobs
+                       WHERE kind = p_kind AND held_back = 'concurrency' AND run_at <= now()
+                       ORDER BY priority DESC, run_at, id
+                       LIMIT 500
+                         FOR UPDATE SKIP LOCKED
+        LOOP
+            EXIT WHEN v_free <= 0;
+            IF v_cand.concurrency_key IS NOT NULL THEN
+                INSERT INTO pgfence.limit_keys VALUES (p_kind, v_cand.concurrency_key) ON CONFLICT DO NOTHING;
+                PERFORM 1 FROM pgfence.limit_keys
+                  WHERE kind = p_kind AND concurrency_key = v_cand.concurrency_key FOR NO KEY UPDATE;
+                SELECT count(*) INTO v_used FROM pgfence.jobs
+                 WHERE kind = p_kind AND concurrency_key = v_cand.concurrency_key AND gated AND held_back IS NULL;
+                CONTINUE WHEN v_used >= v_per_key;
+            END IF;
+            UPDATE pgfence.jobs SET held_back = NULL WHERE id = v_cand.id;
+            v_free := v_free - 1;
+            v_n := v_n + 1;
+        END LOOP;
+        RETURN v_n;
+    END IF;
+
+    IF v_per_key IS NULL OR p_key IS NULL THEN
+        RETURN 0;   -- no limit applies (any more): pgfence.gate frees its jobs
+    END IF;
+    SELECT v_per_key - count(*) INTO v_free
+      FROM pgfence.jobs WHERE kind = p_kind AND concurrency_key = p_key AND gated AND held_back IS NULL;
+    IF v_free <= 0 THEN
+        RETURN 0;
+    END IF;
+    UPDATE pgfence.jobs SET held_back = NULL
+     WHERE id IN (SELECT id FROM pgfence.jobs
+                   WHERE kind = p_kind AND concurrency_key = p_key AND held_back = 'concurrency' AND run_at <= now()
+                   ORDER BY priority DESC, run_at, id
+                   LIMIT v_free
+                     FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END;
+$$;
+
+-- The (kind, key) pairs whose slots this transaction freed or whose jobs it
+-- gated, noted in a transaction-local setting, one per line (kind TAB key;
+-- no key: empty), each once.  A key holds no control character.
+CREATE FUNCTION pgfence.note_admit(p_kind text, p_key text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_line  text := p_kind || E'\t' || coalesce(p_key, '');
+    v_noted text := coalesce(current_setting('pgfence.admit', true), '');
+BEGIN
+    IF position(E'\n' || v_line || E'\n' IN E'\n' || v_noted) = 0 THEN
+        PERFORM set_config('pgfence.admit', v_noted || v_line || E'\n', true);
+    END IF;
+END;
+$$;
+
+-- Admit for every pair noted, in (kind, key) order, then forget them.  A
+-- kind with a concurrency of its own admits once for all its keys.
+CREATE FUNCTION pgfence.admit_noted() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_noted text := coalesce(current_setting('pgfence.admit', true), '');
+    v_n     integer := 0;
+    v_done  text;
+    v_pair  record;
+BEGIN
+    IF v_noted = '' THEN
+        RETURN 0;
+    END IF;
+    PERFORM set_config('pgfence.admit', '', true);
+    FOR v_pair IN SELECT n.kind, n.key, l.concurrency IS NOT NULL AS whole_kind
+                    FROM (SELECT DISTINCT split_part(line, E'\t', 1) AS kind,
+                                 nullif(split_part(line, E'\t', 2), '') AS key
+                            FROM regexp_split_to_table(rtrim(v_noted, E'\n'), E'\n') AS line) n
+                    LEFT JOIN pgfence.limits l ON l.kind = n.kind
+                   ORDER BY 1, 2 NULLS FIRST
+    LOOP
+        CONTINUE WHEN v_pair.whole_kind AND v_done IS NOT DISTINCT FROM v_pair.kind;
+        v_n := v_n + pgfence.admit(v_pair.kind, CASE WHEN NOT v_pair.whole_kind THEN v_pair.key END);
+        v_done := v_pair.kind;
+    END LOOP;
+    RETURN v_n;
+END;
+$$;
+
+-- A holder leaves: noted now, admitted for at commit (jobs_admit_*).
+CREATE FUNCTION pgfence.jobs_note_freed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgfence.note_admit(OLD.kind, OLD.concurrency_key);
+    RETURN NULL;
+END;
+$$;
+
+CREATE FUNCTION pgfence.jobs_admit_noted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgfence.admit_noted();
+    RETURN NULL;
+END;
+$$;
+
+-- A gated job that goes back to the queue (a retry, a put-back, a release)
+-- gives its slot up and waits to be admitted again, so that a backoff does
+-- not keep a slot.
+CREATE FUNCTION pgfence.jobs_hold_requeued() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.held_back := CASE WHEN NEW.run_at > now() THEN 'scheduled' ELSE 'concurrency' END;
+    RETURN NEW;
+END;
+$$;
+
+CREATE TRIGGER jobs_hold_requeued BEFORE UPDATE ON pgfence.jobs
+    FOR EACH ROW
+    WHEN (OLD.gated AND OLD.status = 'running' AND NEW.status = 'queued' AND NEW.gated)
+    EXECUTE FUNCTION pgfence.jobs_hold_requeued();
+
+-- The WHEN clauses keep every ungated job's change free of these calls.
+CREATE TRIGGER jobs_freed_update AFTER UPDATE ON pgfence.jobs
+    FOR EACH ROW
+    WHEN (OLD.gated AND OLD.held_back IS NULL AND NEW.held_back IS NOT NULL)
+    EXECUTE FUNCTION pgfence.jobs_note_freed();
+CREATE TRIGGER jobs_freed_delete AFTER DELETE ON pgfence.jobs
+    FOR EACH ROW
+    WHEN (OLD.gated AND OLD.held_back IS NULL)
+    EXECUTE FUNCTION pgfence.jobs_note_freed();
+
+CREATE CONSTRAINT TRIGGER jobs_admit_freed_update AFTER UPDATE ON pgfence.jobs
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW
+    WHEN ((OLD.gated AND OLD.held_back IS NULL AND NEW.held_back IS NOT NULL) OR (NEW.gated AND NOT OLD.gated))
+    EXECUTE FUNCTION pgfence.jobs_admit_noted();
+CREATE CONSTRAINT TRIGGER jobs_admit_freed_delete AFTER DELETE ON pgfence.jobs
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW
+    WHEN (OLD.gated AND OLD.held_back IS NULL)
+    EXECUTE FUNCTION pgfence.jobs_admit_noted();
+
+-- New jobs of a limited kind: gated and held, then admitted at commit (the
+-- gating update fires jobs_admit_freed_update).  One call per insert
+-- statement; without any limit it reads one small table and returns.
+CREATE FUNCTION pgfence.jobs_gate_inserted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_pair record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pgfence.limits WHERE concurrency IS NOT NULL OR per_key_concurrency IS NOT NULL) THEN
+        RETURN NULL;
+    END IF;
+    FOR v_pair IN
+        WITH gated AS (
+            UPDATE pgfence.jobs j
+               SET gated = true,
+                   held_back = CASE WHEN j.run_at > now() THEN 'scheduled' ELSE 'concurrency' END
+              FROM added a
+              JOIN pgfence.limits l ON l.kind = a.kind
+             WHERE j.id = a.id AND j.status = 'queued' AND NOT j.gated
+               AND (l.concurrency IS NOT NULL OR (l.per_key_concurrency IS NOT NULL AND a.concurrency_key IS NOT NULL))
+            RETURNING j.kind, j.concurrency_key)
+        SELECT DISTINCT kind, concurrency_key FROM gated
+    LOOP
+        PERFORM pgfence.note_admit(v_pair.kind, v_pair.concurrency_key);
+    END LOOP;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER jobs_gate_inserted AFTER INSERT ON pgfence.jobs
+    REFERENCING NEW TABLE AS added
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION pgfence.jobs_gate_inserted();
+
+-- After a kind's limits changed: gate its live jobs as they now stand
+-- (held, to be admitted), free those no limit applies to any more, and
+-- admit.  Holders above a lowered limit run to their end; none is stopped.
+CREATE FUNCTION pgfence.gate(p_kind text) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_conc    integer;
+    v_per_key integer;
+    v_pair    record;
+BEGIN
+    SELECT concurrency, per_key_concurrency INTO v_conc, v_per_key FROM pgfence.limits WHERE kind = p_kind;
+    -- Jobs no limit applies to: ungated (and a held one free to be claimed).
+    UPDATE pgfence.jobs SET gated = false, held_back = NULL
+     WHERE kind = p_kind AND gated
+       AND NOT (v_conc IS NOT NULL OR (v_per_key IS NOT NULL AND concurrency_key IS NOT NULL));
+    -- Jobs a limit now applies to: running ones hold their slot, queued
+    -- ones wait to be admitted.
+    UPDATE pgfence.jobs
+       SET gated = true,
+           held_back = CASE WHEN status = 'running' THEN NULL
+                            WHEN run_at > now() THEN 'scheduled' ELSE 'concurrency' END
+     WHERE kind = p_kind AND NOT gated
+       AND (v_conc IS NOT NULL OR (v_per_key IS NOT NULL AND concurrency_key IS NOT NULL));
+    -- Admission for every key of the kind that has held jobs (a raised
+    -- limit admits more), at this transaction's commit.
+    FOR v_pair IN SELECT DISTINCT concurrency_key FROM pgfence.jobs WHERE kind = p_kind AND held_back = 'concurrency'
+    LOOP
+        PERFORM pgfence.note_admit(p_kind, CASE WHEN v_conc IS NULL THEN v_pair.concurrency_key END);
+    END LOOP;
+    RETURN pgfence.admit_noted();
+END;
+$$;
+
+-- Held jobs whose run_at came: admitted if their limits allow.  Each
+-- supervisor's renewal calls it about once a second; it reads the held
+-- jobs that were scheduled and are now due, nothing else.
+CREATE FUNCTION pgfence.admit_due() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_pair record;
+BEGIN
+    FOR v_pair IN
+        WITH due AS (
+            UPDATE pgfence.jobs SET held_back = 'concurrency'
+             WHERE id IN (SELECT id FROM pgfence.jobs WHERE held_back = 'scheduled' AND run_at <= now()
+                           ORDER BY run_at LIMIT 1000 FOR UPDATE SKIP LOCKED)
+            RETURNING kind, concurrency_key)
+        SELECT DISTINCT kind, concurrency_key FROM due
+    LOOP
+        PERFORM pgfence.note_admit(v_pair.kind, v_pair.concurrency_key);
+    END LOOP;
+    RETURN pgfence.admit_noted();
+END;
+$$;
+
+-- enqueue with a concurrency key (0006's, one parameter more).  The old
+-- signature goes: a second overload would make every call that leaves the
+-- last parameters out ambiguous.
+DROP FUNCTION pgfence.enqueue(text, jsonb, text, integer, timestamptz, integer, text, integer);
+CREATE FUNCTION pgfence.enqueue(
+    p_kind            text,
+    p_payload         jsonb       DEFAULT '{}'::jsonb,
+    p_queue           text        DEFAULT NULL,
+    p_priority        integer     DEFAULT 0,
+    p_run_at          timestamptz DEFAULT NULL,
+    p_max_attempts    integer     DEFAULT NULL,
+    p_dedupe_key      text        DEFAULT NULL,
+    p_max_reclaims    integer     DEFAULT NULL,
+    p_concurrency_key text        DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id    bigint;
+    v_queue text;
+BEGIN
+    LOOP
+        INSERT INTO pgfence.jobs
+            (kind, payload, queue, priority, run_at, max_attempts, max_reclaims, dedupe_key, concurrency_key)
+        VALUES
+            (p_kind, coalesce(p_payload, '{}'::jsonb), p_queue,
+             coalesce(p_priority, 0), coalesce(p_run_at, now()),
+             p_max_attempts, p_max_reclaims, p_dedupe_key, p_concurrency_key)
+        ON CONFLICT (kind, dedupe_key)
+            WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running')
+            DO NOTHING
+        RETURNING id, queue INTO v_id, v_queue;
+        IF v_id IS NOT NULL THEN
+            -- Notifications with the same payload in one transaction are
+            -- delivered once, so a burst of enqueues wakes workers once.
+            PERFORM pg_notify('pgfence_jobs', v_queue);
+            RETURN v_id;
+        END IF;
+        SELECT id INTO v_id FROM pgfence.jobs
+         WHERE kind = p_kind AND dedupe_key = p_dedupe_key
+           AND status IN ('queued', 'running');
+        IF v_id IS NOT NULL THEN
+            RETURN v_id;
+        END IF;
+        -- The holder finished between our insert and our look-up: try again.
+    END LOOP;
+END;
+$$;
+
+-- all_jobs (0014) with the concurrency key and why a job waits; a
+-- finished job keeps neither.
+CREATE OR REPLACE VIEW pgfence.all_jobs AS
+SELECT id, queue, kind, payload, status, attempt, max_attempts, reclaims, max_reclaims, priority, run_at,
+       locked_by, lease_until, dedupe_key, last_error, created_at, started_at, finished_at, putbacks,
+       last_traceback, locked_by AS worker, NULL::jsonb AS result, concurrency_key, held_back
+  FROM pgfence.jobs
+UNION ALL
+SELECT id, queue, kind, payload, status, attempt, max_attempts, reclaims, max_reclaims, priority, run_at,
+       NULL::text, NULL::timestamptz, dedupe_key, last_error, created_at, started_at, finished_at, putbacks,
+       last_traceback, worker, result, NULL::text, NULL::text
+  FROM pgfence.job_history;

@@ -1,0 +1,65 @@
+"""Operator commands for concurrency limits: list them with their use, set
+a kind's at run time, reset it to its handler's declaration.  A change is
+one transaction that also gates the kind's live jobs again, so the next
+claim of every supervisor obeys it, without a restart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from pgfence import limits, names
+from pgfence.errors import ConfigError
+from pgfence.store import db
+from pgfence.store import limits as store
+
+
+def _use(row: store.LimitRow) -> dict[str, Any]:
+    return {"kind": row.kind, "concurrency": row.concurrency, "per_key_concurrency": row.per_key_concurrency,
+            "declared": {"concurrency": row.declared_concurrency, "per_key_concurrency": row.declared_per_key},
+            "set": {"concurrency": row.set_concurrency, "per_key_concurrency": row.set_per_key},
+            "running": row.running, "admitted": row.admitted, "waiting": row.waiting,
+            "scheduled": row.scheduled, "keys": row.keys,
+            "updated_at": row.updated_at.isoformat(), "updated_by": row.updated_by}
+
+
+def list_limits(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """Every kind with limits: those in force, declared and set, and the
+    slots held (running, admitted) and jobs waiting."""
+    with db.translated():
+        return [_use(row) for row in store.list_limits(conn)]
+
+
+def set_limits(conn: psycopg.Connection, kind: str, *, concurrency: int | None = None,
+               per_key_concurrency: int | None = None, by: str = "cli") -> dict[str, Any]:
+    """Set ``kind``'s run-time limits (an argument left None stays as it
+    was); ConfigError on bad input, before anything is written."""
+    names.check(kind, "kind")
+    limits.check_limit(concurrency, "concurrency")
+    limits.check_limit(per_key_concurrency, "per-key concurrency")
+    if concurrency is None and per_key_concurrency is None:
+        raise ConfigError("give a concurrency, a per-key concurrency, or both")
+    with db.translated(), conn.transaction():
+        store.set_limits(conn, kind, concurrency, per_key_concurrency, by=by)
+        store.gate(conn, kind)
+    return _found(conn, kind)
+
+
+def reset(conn: psycopg.Connection, kind: str, *, by: str = "cli") -> dict[str, Any]:
+    """Forget ``kind``'s run-time limits: its handler's declaration applies
+    again.  ConfigError for a kind without limits."""
+    names.check(kind, "kind")
+    with db.translated(), conn.transaction():
+        if store.reset(conn, kind, by=by) is None:
+            raise ConfigError(f"kind {kind!r} has no limits to reset")
+        store.gate(conn, kind)
+    return _found(conn, kind)
+
+
+def _found(conn: psycopg.Connection, kind: str) -> dict[str, Any]:
+    with db.translated():
+        for row in store.list_limits(conn):
+            if row.kind == kind:
+                return _use(row)
+    raise AssertionError(f"kind {kind!r} has no limits row after its change")
