@@ -13,9 +13,9 @@
 -- it, however many wait.
 --
 -- Admission (pgfence.admit) counts the holders of a limit and admits the
--- next held jobs up to the limit, under a row lock of the limit (the kind's
--- row in pgfence.limits for a kind concurrency, the key's row in
--- pgfence.limit_keys for a per-key limit alone) taken in its own statement,
+-- next held jobs up to the limit, under a lock of the limit (the kind's
+-- row in pgfence.limits for a kind concurrency, the key's advisory lock,
+-- pgfence.lock_key, for a per-key limit alone) taken in its own statement,
 -- so its count sees every admission committed before it (no count-then-act
 -- race under READ COMMITTED).  Admission runs when a job enters (enqueue),
 -- when a holder leaves (completion, failure, retry, put-back, release,
@@ -77,18 +77,20 @@ CREATE TABLE pgfence.limits (
                                           AND set_concurrency >= 1 AND set_per_key >= 1)
 );
 
--- One row per concurrency key of a kind: the lock under which a per-key
--- limit admits (a kind with a concurrency of its own admits under its
--- pgfence.limits row, and takes the key's row too).
-CREATE TABLE pgfence.limit_keys (
-    kind            text NOT NULL,
-    concurrency_key text NOT NULL,
-    PRIMARY KEY (kind, concurrency_key)
-);
+-- The lock under which a per-key limit admits: a transaction advisory lock
+-- of (kind, key), hashed (two keys that share one only wait for each other;
+-- a lock in memory costs no row write, where a row lock dirties a page at
+-- every admission).  A kind with a concurrency of its own admits under its
+-- pgfence.limits row, and takes the key's lock too.
+CREATE FUNCTION pgfence.lock_key(p_kind text, p_key text) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_advisory_xact_lock(hashtext(p_kind), hashtext(p_key));
+$$;
 
 -- Admit the held jobs of kind p_kind (and key p_key) that the kind's
 -- limits let run now; returns how many.  Called with the holders' changes
--- of this transaction made (an exit already deleted or held back).
+-- of this transaction made (an exit already deleted or held back).  Each
+-- queue that got a job is notified, as an enqueue notifies it.
 CREATE FUNCTION pgfence.admit(p_kind text, p_key text) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -96,76 +98,80 @@ DECLARE
     v_per_key integer;
     v_free    integer;
     v_used    integer;
+    v_queue   text;
     v_n       integer := 0;
     v_cand    record;
 BEGIN
     SELECT concurrency, per_key_concurrency INTO v_conc, v_per_key FROM pgfence.limits WHERE kind = p_kind;
-    IF v_conc IS NOT NULL THEN
-        -- The kind's row serializes its admissions; read the limit again
-        -- under the lock, and count in a statement of its own.
-        SELECT concurrency, per_key_concurrency INTO v_conc, v_per_key
-          FROM pgfence.limits WHERE kind = p_kind FOR NO KEY UPDATE;
-    ELSIF v_per_key IS NOT NULL AND p_key IS NOT NULL THEN
-        INSERT INTO pgfence.limit_keys VALUES (p_kind, p_key) ON CONFLICT DO NOTHING;
-        PERFORM 1 FROM pgfence.limit_keys WHERE kind = p_kind AND concurrency_key = p_key FOR NO KEY UPDATE;
+    IF v_conc IS NULL AND (v_per_key IS NULL OR p_key IS NULL) THEN
+        RETURN 0;   -- no limit applies (any more): pgfence.gate frees its jobs
     END IF;
 
-    IF v_conc IS NOT NULL THEN
-        SELECT v_conc - count(*) INTO v_free
-          FROM pgfence.jobs WHERE kind = p_kind AND gated AND held_back IS NULL;
-        IF v_free <= 0 THEN
-            RETURN 0;
-        END IF;
-        IF v_per_key IS NULL THEN
+    IF v_conc IS NULL THEN
+        -- A per-key limit alone: the key's lock serializes its
+        -- admissions.  The count and the pick below run in a statement
+        -- after the lock, so they see every admission committed before it.
+        PERFORM pgfence.lock_key(p_kind, p_key);
+        WITH admitted AS (
             UPDATE pgfence.jobs SET held_back = NULL
              WHERE id IN (SELECT id FROM pgfence.jobs
-                           WHERE kind = p_kind AND held_back = 'concurrency' AND run_at <= now()
+                           WHERE kind = p_kind AND concurrency_key = p_key AND held_back = 'concurrency'
                            ORDER BY priority DESC, run_at, id
-                           LIMIT v_free
-                             FOR UPDATE SKIP LOCKED);
-            GET DIAGNOSTICS v_n = ROW_COUNT;
-            RETURN v_n;
-        END IF;
-        -- A kind limit and a per-key limit: the next held jobs whose key
-        -- has a slot free too (the first 500 looked at; admit_due and the
-        -- next exit look again).
-        FOR v_cand IN SELECT id, concurrency_key FROM pgfence.jobs
-                       WHERE kind = p_kind AND held_back = 'concurrency' AND run_at <= now()
-                       ORDER BY priority DESC, run_at, id
-                       LIMIT 500
-                         FOR UPDATE SKIP LOCKED
-        LOOP
-            EXIT WHEN v_free <= 0;
-            IF v_cand.concurrency_key IS NOT NULL THEN
-                INSERT INTO pgfence.limit_keys VALUES (p_kind, v_cand.concurrency_key) ON CONFLICT DO NOTHING;
-                PERFORM 1 FROM pgfence.limit_keys
-                  WHERE kind = p_kind AND concurrency_key = v_cand.concurrency_key FOR NO KEY UPDATE;
-                SELECT count(*) INTO v_used FROM pgfence.jobs
-                 WHERE kind = p_kind AND concurrency_key = v_cand.concurrency_key AND gated AND held_back IS NULL;
-                CONTINUE WHEN v_used >= v_per_key;
-            END IF;
-            UPDATE pgfence.jobs SET held_back = NULL WHERE id = v_cand.id;
-            v_free := v_free - 1;
-            v_n := v_n + 1;
-        END LOOP;
+                           LIMIT greatest(0, v_per_key - (SELECT count(*) FROM pgfence.jobs
+                                                           WHERE kind = p_kind AND concurrency_key = p_key
+                                                             AND gated AND held_back IS NULL))
+                             FOR UPDATE SKIP LOCKED)
+            RETURNING queue)
+        SELECT coalesce(sum(q.n), 0)::integer INTO v_n
+          FROM (SELECT queue, count(*) AS n FROM admitted GROUP BY queue) q, pg_notify('pgfence_jobs', q.queue);
         RETURN v_n;
     END IF;
 
-    IF v_per_key IS NULL OR p_key IS NULL THEN
-        RETURN 0;   -- no limit applies (any more): pgfence.gate frees its jobs
+    -- A kind concurrency: the kind's row serializes its admissions; the
+    -- limit is read again under the lock.
+    SELECT concurrency, per_key_concurrency INTO v_conc, v_per_key
+      FROM pgfence.limits WHERE kind = p_kind FOR NO KEY UPDATE;
+    IF v_per_key IS NULL THEN
+        WITH admitted AS (
+            UPDATE pgfence.jobs SET held_back = NULL
+             WHERE id IN (SELECT id FROM pgfence.jobs
+                           WHERE kind = p_kind AND held_back = 'concurrency'
+                           ORDER BY priority DESC, run_at, id
+                           LIMIT greatest(0, v_conc - (SELECT count(*) FROM pgfence.jobs
+                                                        WHERE kind = p_kind AND gated AND held_back IS NULL))
+                             FOR UPDATE SKIP LOCKED)
+            RETURNING queue)
+        SELECT coalesce(sum(q.n), 0)::integer INTO v_n
+          FROM (SELECT queue, count(*) AS n FROM admitted GROUP BY queue) q, pg_notify('pgfence_jobs', q.queue);
+        RETURN v_n;
     END IF;
-    SELECT v_per_key - count(*) INTO v_free
-      FROM pgfence.jobs WHERE kind = p_kind AND concurrency_key = p_key AND gated AND held_back IS NULL;
+
+    -- A kind limit and a per-key limit: the next held jobs whose key has a
+    -- slot free too (the first 500 looked at; the next exit or admit_due
+    -- looks again).  Under the kind's lock no other admission of the kind
+    -- runs; a key's row is taken too, for the one that admits under it.
+    SELECT v_conc - count(*) INTO v_free FROM pgfence.jobs WHERE kind = p_kind AND gated AND held_back IS NULL;
     IF v_free <= 0 THEN
         RETURN 0;
     END IF;
-    UPDATE pgfence.jobs SET held_back = NULL
-     WHERE id IN (SELECT id FROM pgfence.jobs
-                   WHERE kind = p_kind AND concurrency_key = p_key AND held_back = 'concurrency' AND run_at <= now()
+    FOR v_cand IN SELECT id, concurrency_key FROM pgfence.jobs
+                   WHERE kind = p_kind AND held_back = 'concurrency'
                    ORDER BY priority DESC, run_at, id
-                   LIMIT v_free
-                     FOR UPDATE SKIP LOCKED);
-    GET DIAGNOSTICS v_n = ROW_COUNT;
+                   LIMIT 500
+                     FOR UPDATE SKIP LOCKED
+    LOOP
+        EXIT WHEN v_free <= 0;
+        IF v_cand.concurrency_key IS NOT NULL THEN
+            PERFORM pgfence.lock_key(p_kind, v_cand.concurrency_key);
+            SELECT count(*) INTO v_used FROM pgfence.jobs
+             WHERE kind = p_kind AND concurrency_key = v_cand.concurrency_key AND gated AND held_back IS NULL;
+            CONTINUE WHEN v_used >= v_per_key;
+        END IF;
+        UPDATE pgfence.jobs SET held_back = NULL WHERE id = v_cand.id RETURNING queue INTO v_queue;
+        PERFORM pg_notify('pgfence_jobs', v_queue);
+        v_free := v_free - 1;
+        v_n := v_n + 1;
+    END LOOP;
     RETURN v_n;
 END;
 $$;
@@ -185,30 +191,76 @@ BEGIN
 END;
 $$;
 
--- Admit for every pair noted, in (kind, key) order, then forget them.  A
--- kind with a concurrency of its own admits once for all its keys.
+-- The per-key admission of many keys of one kind at once (a per-key limit
+-- alone): the keys' locks in the order of their hashes, then one statement
+-- that counts each key's holders and admits its next held jobs up to the
+-- limit.  What admit() does for one key, in two statements for them all.
+CREATE FUNCTION pgfence.admit_keys(p_kind text, p_keys text[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_per_key integer;
+    v_n       integer;
+BEGIN
+    SELECT per_key_concurrency INTO v_per_key FROM pgfence.limits WHERE kind = p_kind;
+    IF v_per_key IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext(p_kind), h)
+       FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(p_keys) AS k ORDER BY 1) AS locks;
+    WITH wanted AS (
+        SELECT k.key, v_per_key - (SELECT count(*) FROM pgfence.jobs j
+                                    WHERE j.kind = p_kind AND j.concurrency_key = k.key
+                                      AND j.gated AND j.held_back IS NULL) AS free
+          FROM (SELECT DISTINCT key FROM unnest(p_keys) AS key) AS k
+    ), picked AS (
+        SELECT c.id
+          FROM wanted w
+         CROSS JOIN LATERAL (
+            SELECT s.id, row_number() OVER () AS n
+              FROM (SELECT id FROM pgfence.jobs
+                     WHERE kind = p_kind AND concurrency_key = w.key AND held_back = 'concurrency'
+                     ORDER BY priority DESC, run_at, id
+                     LIMIT v_per_key
+                       FOR UPDATE SKIP LOCKED) AS s) AS c
+         WHERE c.n <= w.free
+    ), admitted AS (
+        UPDATE pgfence.jobs SET held_back = NULL WHERE id IN (SELECT id FROM picked)
+        RETURNING queue)
+    SELECT coalesce(sum(q.n), 0)::integer INTO v_n
+      FROM (SELECT queue, count(*) AS n FROM admitted GROUP BY queue) q, pg_notify('pgfence_jobs', q.queue);
+    RETURN v_n;
+END;
+$$;
+
+-- Admit for every pair noted, then forget them: a kind with a concurrency
+-- of its own once for all its keys, under its row's lock; a kind with a
+-- per-key limit alone for all its keys at once.  Kinds in name order, so
+-- two commits take their locks in one order.
 CREATE FUNCTION pgfence.admit_noted() RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     v_noted text := coalesce(current_setting('pgfence.admit', true), '');
     v_n     integer := 0;
-    v_done  text;
-    v_pair  record;
+    v_kind  record;
 BEGIN
     IF v_noted = '' THEN
         RETURN 0;
     END IF;
     PERFORM set_config('pgfence.admit', '', true);
-    FOR v_pair IN SELECT n.kind, n.key, l.concurrency IS NOT NULL AS whole_kind
+    FOR v_kind IN SELECT n.kind, l.concurrency IS NOT NULL AS whole_kind,
+                         array_agg(n.key) FILTER (WHERE n.key IS NOT NULL) AS keys
                     FROM (SELECT DISTINCT split_part(line, E'\t', 1) AS kind,
                                  nullif(split_part(line, E'\t', 2), '') AS key
                             FROM regexp_split_to_table(rtrim(v_noted, E'\n'), E'\n') AS line) n
                     LEFT JOIN pgfence.limits l ON l.kind = n.kind
-                   ORDER BY 1, 2 NULLS FIRST
+                   GROUP BY n.kind, l.concurrency
+                   ORDER BY n.kind
     LOOP
-        CONTINUE WHEN v_pair.whole_kind AND v_done IS NOT DISTINCT FROM v_pair.kind;
-        v_n := v_n + pgfence.admit(v_pair.kind, CASE WHEN NOT v_pair.whole_kind THEN v_pair.key END);
-        v_done := v_pair.kind;
+        IF v_kind.whole_kind THEN
+            v_n := v_n + pgfence.admit(v_kind.kind, NULL);
+        ELSIF v_kind.keys IS NOT NULL THEN
+            v_n := v_n + pgfence.admit_keys(v_kind.kind, v_kind.keys);
+        END IF;
     END LOOP;
     RETURN v_n;
 END;
