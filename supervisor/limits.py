@@ -1,7 +1,9 @@
-"""Concurrency limits, the pure part: what a limit and a concurrency key may
-be.  A kind's ``concurrency`` caps its jobs running at once across every
-supervisor; its ``per_key_concurrency`` caps those of one concurrency key
-(given at enqueue: ``concurrency_key="customer:42"``).  The database
+"""Concurrency and rate limits, the pure part: what a limit, a rate and a
+concurrency key may be.  A kind's ``concurrency`` caps its jobs running at
+once across every supervisor; its ``per_key_concurrency`` caps those of one
+concurrency key (given at enqueue: ``concurrency_key="customer:42"``); its
+``rate`` (``"100/s"``, ``"10/min"``) caps how many start per period, on the
+database clock.  The database
 enforces both (migration 0017: slots held by running attempts, admission
 under the limit's row lock); :mod:`pgfence.admin.limits` reads and sets
 them at run time, and ``@handler(concurrency=..., per_key_concurrency=...)``
@@ -9,6 +11,8 @@ declares them.
 """
 
 from __future__ import annotations
+
+import re
 
 from pgfence.errors import ConfigError
 
@@ -52,3 +56,24 @@ def check_key(key: object) -> str | None:
         raise ConfigError(problem)
     assert isinstance(key, str)
     return key
+
+
+#: The units a rate's period may be given in, in seconds.
+RATE_UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "seconds": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0,
+              "minutes": 60.0, "h": 3600.0, "hour": 3600.0, "hours": 3600.0, "d": 86400.0, "day": 86400.0,
+              "days": 86400.0}
+_RATE = re.compile(r"\s*(\d{1,10})\s*/\s*(\d{1,6}(?:\.\d{1,6})?)?\s*([a-z]+)\s*")
+
+
+def parse_rate(value: object, what: str = "rate") -> tuple[int, float] | None:
+    """A rate (``"100/s"``, ``"10/min"``, ``"5/2h"``) as (starts, period in
+    seconds); None for None.  ConfigError unless it is one."""
+    if value is None:
+        return None
+    found = _RATE.fullmatch(value) if isinstance(value, str) else None
+    count = int(found.group(1)) if found else 0
+    multiple = float(found.group(2) or 1) if found else 0.0
+    if found is None or found.group(3) not in RATE_UNITS or not 1 <= count <= LIMIT_MAX or multiple <= 0:
+        raise ConfigError(f"invalid {what}: must be starts per period such as '100/s', '10/min' or '5/2h', "
+                          f"got {value!r}")
+    return count, multiple * RATE_UNITS[found.group(3)]

@@ -64,6 +64,8 @@ class HandlerSpec:
     concurrency: int | None = None
     #: At most this many at once of one concurrency key of the kind.
     per_key_concurrency: int | None = None
+    #: At most this many starts a period, e.g. ``"100/s"`` (pgfence.limits.parse_rate).
+    rate: str | None = None
 
 
 _REGISTRY: dict[str, HandlerSpec] = {}
@@ -89,6 +91,7 @@ def handler(
     result: bool = True,
     concurrency: int | None = None,
     per_key_concurrency: int | None = None,
+    rate: str | None = None,
 ) -> Callable[[H], H]:
     """Register the decorated function as the handler of jobs of ``kind``
     and return it unchanged.
@@ -103,8 +106,10 @@ def handler(
 
     ``concurrency``: at most that many jobs of ``kind`` run at once, across
     every supervisor; ``per_key_concurrency``: at most that many of one
-    ``concurrency_key`` (given at enqueue).  Both are recorded in the
-    database when a worker starts, where ``pgfence limits set`` may change
+    ``concurrency_key`` (given at enqueue); ``rate``: at most that many
+    start a period (``"100/s"``, ``"10/min"``), across every supervisor, on
+    the database clock.  They are recorded in the database when a worker
+    starts, where ``pgfence limits set`` may change
     them at run time."""
     if not kind or not isinstance(kind, str):
         raise ConfigError("a handler needs a non-empty kind")
@@ -124,6 +129,7 @@ def handler(
     try:
         limits.check_limit(concurrency, "concurrency")
         limits.check_limit(per_key_concurrency, "per_key_concurrency")
+        limits.parse_rate(rate)
     except ConfigError as exc:
         raise ConfigError(f"handler {kind!r}: {exc}") from None
 
@@ -133,7 +139,8 @@ def handler(
                               "nothing: define it with async def and no yield, or with def")
         _REGISTRY[kind] = HandlerSpec(kind, func, queue, lease, timeout, max_attempts, max_reclaims,
                                       is_async=is_async(func), store_result=bool(result),
-                                      concurrency=concurrency, per_key_concurrency=per_key_concurrency)
+                                      concurrency=concurrency, per_key_concurrency=per_key_concurrency,
+                                      rate=rate)
         return func
 
     if cron is not None or every is not None:

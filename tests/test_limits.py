@@ -283,3 +283,65 @@ def test_a_bad_concurrency_key_is_refused_before_anything_is_written(conn, key, 
     if isinstance(key, str):
         with pytest.raises(psycopg.errors.CheckViolation, match="jobs_concurrency_key_check"):
             conn.execute("SELECT pgfence.enqueue('k', '{}', p_concurrency_key => %s)", (key,))
+
+
+def rate_of(conn, kind: str):
+    return conn.execute("SELECT rate_count, rate_period FROM pgfence.limits WHERE kind = %s", (kind,)).fetchone()
+
+
+def test_a_rate_admits_a_burst_then_one_start_a_step(conn):
+    """5/s: a second's worth at once (GCRA's burst), then one every 0.2 s
+    on the database clock, whoever admits (admit_due here)."""
+    admin.set_limits(conn, "mail", rate="5/s", by="test")
+    assert rate_of(conn, "mail") == (5, 1.0)
+    start = scalar(conn, "SELECT clock_timestamp()")
+    ids = [pgfence.enqueue(conn, "mail") for _ in range(12)]
+    assert list(held(conn).values()).count(None) == 5
+    # Admitted jobs not yet claimed take from the burst: none more now.
+    assert limits_store.admit_due(conn) == 0
+    started = [r.id for r in claim(conn)]
+    assert started == ids[:5]
+
+    def three_more() -> bool:
+        limits_store.admit_due(conn)
+        started.extend(r.id for r in claim(conn))
+        return len(started) >= 8
+
+    wait_for(three_more, timeout=10, interval=0.01, message="three more started at the rate")
+    elapsed = scalar(conn, "SELECT extract(epoch FROM clock_timestamp() - %s)::float8", (start,))
+    # Three more take three steps of 0.2 s after the burst's first.
+    assert elapsed >= 0.6
+    assert started == ids[:8]
+    # A rate and a concurrency together: the stricter of the two.
+    admin.set_limits(conn, "mail", concurrency=1, by="test")
+    for job_id in ids[:8]:
+        with conn.transaction():
+            assert store.complete(conn, job_id, 1)
+    wait_for(lambda: (limits_store.admit_due(conn), list(held(conn).values()).count(None))[1] == 1,
+             timeout=10, interval=0.01, message="one admitted under the concurrency of 1")
+    limits_store.admit_due(conn)
+    assert list(held(conn).values()).count(None) == 1
+
+
+def test_a_rate_is_declared_by_the_handler_and_set_at_run_time(conn):
+    from pgfence.registry import HandlerSpec
+    from pgfence.worker import kinds
+
+    kinds.register(conn, [HandlerSpec("mail", print, rate="10/min")], by="w1")
+    assert rate_of(conn, "mail") == (10, 60.0)
+    listed = admin.list_limits(conn)[0]
+    assert (listed["rate"], listed["declared"]["rate"], listed["set"]["rate"]) == ("10/min", "10/min", None)
+    admin.set_limits(conn, "mail", rate="3/2h", by="test")
+    assert rate_of(conn, "mail") == (3, 7200.0)
+    assert admin.list_limits(conn)[0]["rate"] == "3/7200s"
+    admin.reset(conn, "mail", by="test")
+    assert rate_of(conn, "mail") == (10, 60.0)
+
+
+@pytest.mark.parametrize("rate", ["0/s", "10", "ten/s", "5/fortnight", "-1/min", "1/0s", 5])
+def test_a_bad_rate_is_refused_before_anything_is_written(conn, rate):
+    with pytest.raises(ConfigError, match=r"^invalid rate: must be starts per period such as '100/s'"):
+        admin.set_limits(conn, "mail", rate=rate, by="test")
+    with pytest.raises(ConfigError, match=r"^handler 'mail': invalid rate: must be starts per period"):
+        pgfence.handler("mail", rate=rate)
+    assert scalar(conn, "SELECT count(*) FROM pgfence.limits") == 0

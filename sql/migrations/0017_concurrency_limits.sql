@@ -68,14 +68,51 @@ CREATE TABLE pgfence.limits (
     declared_per_key     integer,
     set_concurrency      integer,
     set_per_key          integer,
+    -- A rate: at most rate_count starts a rate_period (seconds).
+    declared_rate_count  integer,
+    declared_rate_period double precision,
+    set_rate_count       integer,
+    set_rate_period      double precision,
     concurrency          integer GENERATED ALWAYS AS (coalesce(set_concurrency, declared_concurrency)) STORED,
     per_key_concurrency  integer GENERATED ALWAYS AS (coalesce(set_per_key, declared_per_key)) STORED,
+    rate_count           integer GENERATED ALWAYS AS (coalesce(set_rate_count, declared_rate_count)) STORED,
+    rate_period          double precision GENERATED ALWAYS AS (
+                             CASE WHEN set_rate_count IS NOT NULL THEN set_rate_period
+                                  ELSE declared_rate_period END) STORED,
+    -- The rate's state (GCRA): the theoretical arrival time of the next
+    -- start, advanced by rate_period / rate_count at each admission, under
+    -- this row's lock, on the database clock.
+    rate_tat             timestamptz,
     updated_at           timestamptz NOT NULL DEFAULT now(),
     updated_by           text,
     CONSTRAINT limits_kind_check CHECK (kind <> ''),
     CONSTRAINT limits_values_check CHECK (declared_concurrency >= 1 AND declared_per_key >= 1
-                                          AND set_concurrency >= 1 AND set_per_key >= 1)
+                                          AND set_concurrency >= 1 AND set_per_key >= 1
+                                          AND declared_rate_count >= 1 AND set_rate_count >= 1
+                                          AND declared_rate_period > 0 AND set_rate_period > 0),
+    CONSTRAINT limits_rate_check CHECK ((declared_rate_count IS NULL) = (declared_rate_period IS NULL)
+                                        AND (set_rate_count IS NULL) = (set_rate_period IS NULL))
 );
+
+-- How many starts a rate lets through now, and the new theoretical arrival
+-- time if that many go (GCRA): one every period/count seconds, with a burst
+-- of up to a second's worth (or the period's, if shorter), so that a rate
+-- holds over any minute within one burst; on the database's clock
+-- (clock_timestamp: a long transaction's now() would be behind).
+CREATE FUNCTION pgfence.rate_allows(p_count integer, p_period double precision, p_tat timestamptz,
+                                    p_wanted integer, OUT allowed integer, OUT tat timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_step  double precision := p_period / p_count;
+    v_tau   double precision := greatest(0, least(1.0, p_period) - p_period / p_count);
+    v_now   timestamptz := clock_timestamp();
+    v_start timestamptz := greatest(coalesce(p_tat, v_now), v_now);
+    v_room  double precision := extract(epoch FROM v_now - v_start) + v_tau;
+BEGIN
+    allowed := CASE WHEN v_room < 0 THEN 0 ELSE least(p_wanted, floor(v_room / v_step)::integer + 1) END;
+    tat := v_start + make_interval(secs => allowed * v_step);
+END;
+$$;
 
 -- The lock under which a per-key limit admits: a transaction advisory lock
 -- of (kind, key), hashed (two keys that share one only wait for each other;
@@ -101,13 +138,16 @@ DECLARE
     v_queue   text;
     v_n       integer := 0;
     v_cand    record;
+    v_limit   record;
+    v_rate    record;
 BEGIN
-    SELECT concurrency, per_key_concurrency INTO v_conc, v_per_key FROM pgfence.limits WHERE kind = p_kind;
-    IF v_conc IS NULL AND (v_per_key IS NULL OR p_key IS NULL) THEN
+    SELECT concurrency, per_key_concurrency, rate_count INTO v_conc, v_per_key, v_free
+      FROM pgfence.limits WHERE kind = p_kind;
+    IF v_conc IS NULL AND v_free IS NULL AND (v_per_key IS NULL OR p_key IS NULL) THEN
         RETURN 0;   -- no limit applies (any more): pgfence.gate frees its jobs
     END IF;
 
-    IF v_conc IS NULL THEN
+    IF v_conc IS NULL AND v_free IS NULL THEN
         -- A per-key limit alone: the key's lock serializes its
         -- admissions.  The count and the pick below run in a statement
         -- after the lock, so they see every admission committed before it.
@@ -127,33 +167,53 @@ BEGIN
         RETURN v_n;
     END IF;
 
-    -- A kind concurrency: the kind's row serializes its admissions; the
-    -- limit is read again under the lock.
-    SELECT concurrency, per_key_concurrency INTO v_conc, v_per_key
+    -- A kind concurrency or a rate: the kind's row serializes its
+    -- admissions; the limits are read again under the lock.  The slots
+    -- free are the concurrency's (holders counted in a statement of their
+    -- own) and the rate's (GCRA, its state on this row).
+    SELECT concurrency, per_key_concurrency, rate_count, rate_period, rate_tat INTO v_limit
       FROM pgfence.limits WHERE kind = p_kind FOR NO KEY UPDATE;
+    v_per_key := v_limit.per_key_concurrency;
+    v_free := 500;
+    IF v_limit.concurrency IS NOT NULL THEN
+        SELECT least(v_free, v_limit.concurrency - count(*)) INTO v_free
+          FROM pgfence.jobs WHERE kind = p_kind AND gated AND held_back IS NULL;
+    END IF;
+    IF v_limit.rate_count IS NOT NULL AND v_free > 0 THEN
+        -- A rate counts starts: jobs admitted and not claimed yet (no
+        -- worker free, or none running) take from its burst, so that no
+        -- more than a burst of them can start at once when workers come.
+        SELECT least(v_free, floor(greatest(0, least(1.0, v_limit.rate_period)
+                                                - v_limit.rate_period / v_limit.rate_count)
+                                    / (v_limit.rate_period / v_limit.rate_count))::integer + 1 - count(*))
+          INTO v_free
+          FROM pgfence.jobs WHERE kind = p_kind AND gated AND held_back IS NULL AND status = 'queued';
+        v_rate := pgfence.rate_allows(v_limit.rate_count, v_limit.rate_period, v_limit.rate_tat,
+                                      greatest(v_free, 0));
+        v_free := v_rate.allowed;
+    END IF;
+    IF v_free <= 0 THEN
+        RETURN 0;
+    END IF;
     IF v_per_key IS NULL THEN
         WITH admitted AS (
             UPDATE pgfence.jobs SET held_back = NULL
              WHERE id IN (SELECT id FROM pgfence.jobs
                            WHERE kind = p_kind AND held_back = 'concurrency'
                            ORDER BY priority DESC, run_at, id
-                           LIMIT greatest(0, v_conc - (SELECT count(*) FROM pgfence.jobs
-                                                        WHERE kind = p_kind AND gated AND held_back IS NULL))
+                           LIMIT v_free
                              FOR UPDATE SKIP LOCKED)
             RETURNING queue)
         SELECT coalesce(sum(q.n), 0)::integer INTO v_n
           FROM (SELECT queue, count(*) AS n FROM admitted GROUP BY queue) q, pg_notify('pgfence_jobs', q.queue);
+        PERFORM pgfence.rate_spent(p_kind, v_limit.rate_count, v_limit.rate_period, v_limit.rate_tat, v_n);
         RETURN v_n;
     END IF;
 
     -- A kind limit and a per-key limit: the next held jobs whose key has a
     -- slot free too (the first 500 looked at; the next exit or admit_due
     -- looks again).  Under the kind's lock no other admission of the kind
-    -- runs; a key's row is taken too, for the one that admits under it.
-    SELECT v_conc - count(*) INTO v_free FROM pgfence.jobs WHERE kind = p_kind AND gated AND held_back IS NULL;
-    IF v_free <= 0 THEN
-        RETURN 0;
-    END IF;
+    -- runs; a key's lock is taken too, for one that admits under it alone.
     FOR v_cand IN SELECT id, concurrency_key FROM pgfence.jobs
                    WHERE kind = p_kind AND held_back = 'concurrency'
                    ORDER BY priority DESC, run_at, id
@@ -172,8 +232,20 @@ BEGIN
         v_free := v_free - 1;
         v_n := v_n + 1;
     END LOOP;
+    PERFORM pgfence.rate_spent(p_kind, v_limit.rate_count, v_limit.rate_period, v_limit.rate_tat, v_n);
     RETURN v_n;
 END;
+$$;
+
+-- Advance the kind's rate by the n starts just admitted (under its row's
+-- lock, taken by admit).
+CREATE FUNCTION pgfence.rate_spent(p_kind text, p_count integer, p_period double precision, p_tat timestamptz,
+                                   p_n integer) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE pgfence.limits
+       SET rate_tat = greatest(coalesce(p_tat, clock_timestamp()), clock_timestamp())
+                      + make_interval(secs => p_n * p_period / p_count)
+     WHERE kind = p_kind AND p_count IS NOT NULL AND p_n > 0;
 $$;
 
 -- The (kind, key) pairs whose slots this transaction freed or whose jobs it
@@ -247,13 +319,13 @@ BEGIN
         RETURN 0;
     END IF;
     PERFORM set_config('pgfence.admit', '', true);
-    FOR v_kind IN SELECT n.kind, l.concurrency IS NOT NULL AS whole_kind,
+    FOR v_kind IN SELECT n.kind, l.concurrency IS NOT NULL OR l.rate_count IS NOT NULL AS whole_kind,
                          array_agg(n.key) FILTER (WHERE n.key IS NOT NULL) AS keys
                     FROM (SELECT DISTINCT split_part(line, E'\t', 1) AS kind,
                                  nullif(split_part(line, E'\t', 2), '') AS key
                             FROM regexp_split_to_table(rtrim(v_noted, E'\n'), E'\n') AS line) n
                     LEFT JOIN pgfence.limits l ON l.kind = n.kind
-                   GROUP BY n.kind, l.concurrency
+                   GROUP BY n.kind, l.concurrency, l.rate_count
                    ORDER BY n.kind
     LOOP
         IF v_kind.whole_kind THEN
@@ -328,7 +400,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_pair record;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pgfence.limits WHERE concurrency IS NOT NULL OR per_key_concurrency IS NOT NULL) THEN
+    IF NOT EXISTS (SELECT 1 FROM pgfence.limits
+                    WHERE concurrency IS NOT NULL OR per_key_concurrency IS NOT NULL OR rate_count IS NOT NULL) THEN
         RETURN NULL;
     END IF;
     FOR v_pair IN
@@ -339,7 +412,8 @@ BEGIN
               FROM added a
               JOIN pgfence.limits l ON l.kind = a.kind
              WHERE j.id = a.id AND j.status = 'queued' AND NOT j.gated
-               AND (l.concurrency IS NOT NULL OR (l.per_key_concurrency IS NOT NULL AND a.concurrency_key IS NOT NULL))
+               AND (l.concurrency IS NOT NULL OR l.rate_count IS NOT NULL
+                    OR (l.per_key_concurrency IS NOT NULL AND a.concurrency_key IS NOT NULL))
             RETURNING j.kind, j.concurrency_key)
         SELECT DISTINCT kind, concurrency_key FROM gated
     LOOP
@@ -362,13 +436,15 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_conc    integer;
     v_per_key integer;
+    v_rate    integer;
     v_pair    record;
 BEGIN
-    SELECT concurrency, per_key_concurrency INTO v_conc, v_per_key FROM pgfence.limits WHERE kind = p_kind;
+    SELECT concurrency, per_key_concurrency, rate_count INTO v_conc, v_per_key, v_rate
+      FROM pgfence.limits WHERE kind = p_kind;
     -- Jobs no limit applies to: ungated (and a held one free to be claimed).
     UPDATE pgfence.jobs SET gated = false, held_back = NULL
      WHERE kind = p_kind AND gated
-       AND NOT (v_conc IS NOT NULL OR (v_per_key IS NOT NULL AND concurrency_key IS NOT NULL));
+       AND NOT (v_conc IS NOT NULL OR v_rate IS NOT NULL OR (v_per_key IS NOT NULL AND concurrency_key IS NOT NULL));
     -- Jobs a limit now applies to: running ones hold their slot, queued
     -- ones wait to be admitted.
     UPDATE pgfence.jobs
@@ -376,20 +452,21 @@ BEGIN
            held_back = CASE WHEN status = 'running' THEN NULL
                             WHEN run_at > now() THEN 'scheduled' ELSE 'concurrency' END
      WHERE kind = p_kind AND NOT gated
-       AND (v_conc IS NOT NULL OR (v_per_key IS NOT NULL AND concurrency_key IS NOT NULL));
+       AND (v_conc IS NOT NULL OR v_rate IS NOT NULL OR (v_per_key IS NOT NULL AND concurrency_key IS NOT NULL));
     -- Admission for every key of the kind that has held jobs (a raised
     -- limit admits more), at this transaction's commit.
     FOR v_pair IN SELECT DISTINCT concurrency_key FROM pgfence.jobs WHERE kind = p_kind AND held_back = 'concurrency'
     LOOP
-        PERFORM pgfence.note_admit(p_kind, CASE WHEN v_conc IS NULL THEN v_pair.concurrency_key END);
+        PERFORM pgfence.note_admit(p_kind, CASE WHEN v_conc IS NULL AND v_rate IS NULL THEN v_pair.concurrency_key END);
     END LOOP;
     RETURN pgfence.admit_noted();
 END;
 $$;
 
--- Held jobs whose run_at came: admitted if their limits allow.  Each
--- supervisor's renewal calls it about once a second; it reads the held
--- jobs that were scheduled and are now due, nothing else.
+-- Held jobs whose run_at came, and those of a kind whose rate lets more
+-- start now: admitted if their limits allow.  Every worker calls it on its
+-- reclaim rounds (about once a second) and when idle; it reads the held
+-- jobs that were scheduled and are now due, and the limits with a rate.
 CREATE FUNCTION pgfence.admit_due() RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -404,6 +481,13 @@ BEGIN
         SELECT DISTINCT kind, concurrency_key FROM due
     LOOP
         PERFORM pgfence.note_admit(v_pair.kind, v_pair.concurrency_key);
+    END LOOP;
+    -- Kinds whose rate lets a start through now and that have jobs held.
+    FOR v_pair IN SELECT l.kind FROM pgfence.limits l
+                   WHERE l.rate_count IS NOT NULL AND (pgfence.rate_allows(l.rate_count, l.rate_period, l.rate_tat, 1)).allowed > 0
+                     AND EXISTS (SELECT 1 FROM pgfence.jobs j WHERE j.kind = l.kind AND j.held_back = 'concurrency')
+    LOOP
+        PERFORM pgfence.note_admit(v_pair.kind, NULL);
     END LOOP;
     RETURN pgfence.admit_noted();
 END;

@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     common_options(p)
     p.add_argument("queue", help="the queue to pause")
 
-    p = sub.add_parser("limits", help="concurrency limits per kind and per key: show them, set or reset one")
+    p = sub.add_parser("limits", help="concurrency and rate limits per kind and per key: show them, set or reset one")
     common_options(p)
     p.add_argument("action", nargs="?", choices=("show", "set", "reset"), default="show",
                    help="show (default): every kind's limits and their use; set: a kind's limits at run time "
@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, help="at most this many jobs of the kind at once, cluster-wide")
     p.add_argument("--per-key", type=int, dest="per_key",
                    help="at most this many at once of one concurrency key of the kind")
+    p.add_argument("--rate", help="at most this many starts a period, cluster-wide: 100/s, 10/min, 5/2h")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     p = sub.add_parser("resume", help="claim a paused queue's jobs again")

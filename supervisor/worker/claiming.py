@@ -263,6 +263,9 @@ class Claiming(Outcomes):
             with db.translated(self.dsn):
                 limits_store.admit_due(self.conn)
                 until = store.next_run_at(self.conn, queues)
+                rate_at = limits_store.next_rate_at(self.conn)
+                if rate_at is not None:
+                    until = rate_at if until is None else min(until, rate_at)
                 lease_end = store.next_lease_end(self.conn, queues)
         except DatabaseError as exc:
             log.warning("worker %s cannot look up the next run_at: %s", self.name, exc)

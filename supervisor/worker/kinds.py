@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 
 import psycopg
 
+from pgfence import limits
 from pgfence.background import Service
 from pgfence.store import db
 from pgfence.store import kinds as kinds_store
@@ -52,8 +53,9 @@ def register(conn: psycopg.Connection, specs: Iterable[HandlerSpec], *, by: str)
         )
         # The declared concurrency limits (pgfence.limits), and the kinds'
         # jobs gated again where they changed.
+        rates = [limits.parse_rate(s.rate) for s in specs]
         limited = limits_store.declare(conn, [s.kind for s in specs], [s.concurrency for s in specs],
-                                       [s.per_key_concurrency for s in specs], by=by)
+                                       [s.per_key_concurrency for s in specs], rates, by=by)
         for kind in limited:
             limits_store.gate(conn, kind)
     return sorted(set(changed) | set(limited))
