@@ -89,6 +89,19 @@ class PayloadRejected(PgfenceError):
     without retries."""
 
 
+class RateLimited(PgfenceError):
+    """Raised by a handler whose outside service refused it for now (an
+    HTTP 429, its ``Retry-After``): the job goes back to the queue for
+    ``retry_after`` seconds without spending an attempt, and a kind with a
+    rate limit starts none of its jobs before then."""
+
+    def __init__(self, retry_after: float, message: str = "rate limited"):
+        if isinstance(retry_after, bool) or not isinstance(retry_after, int | float) or not 0 <= retry_after <= 86400:
+            raise ConfigError(f"invalid retry_after: must be 0 to 86400 seconds, got {retry_after!r}")
+        super().__init__(f"{message}: retry after {float(retry_after):g}s")
+        self.retry_after = float(retry_after)
+
+
 class ResultRejected(PgfenceError):
     """A handler's return value cannot be stored as its job's result (not
     JSON, over :data:`pgfence.results.MAX_BYTES`, or a string holding NUL):

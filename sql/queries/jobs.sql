@@ -389,3 +389,43 @@ SELECT id, attempt
 -- read elsewhere), to tell a fence refusal from any other failure.
 SELECT EXISTS (SELECT 1 FROM pgfence.jobs
                 WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running');
+
+-- name: rate_limited
+-- A handler's RateLimited (the service it calls answered 429): fenced as
+-- put_back_unknown, the job goes back to queued with run_at %(delay)s
+-- seconds from now and putbacks + 1, so no attempt is spent; a kind with a
+-- rate limit (migration 0017) starts none of its jobs before then (its
+-- rate's theoretical arrival time pushed past it, under the limits row's
+-- lock).  The attempt is recorded in pgfence.job_attempts as released, with
+-- %(detail)s.  Returns the job's id; no row when this attempt no longer
+-- owns it.
+WITH mine AS (
+    SELECT locked_by, started_at
+      FROM pgfence.jobs
+     WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+), put_back AS (
+    UPDATE pgfence.jobs
+       SET status      = 'queued',
+           putbacks    = putbacks + 1,
+           run_at      = now() + make_interval(secs => %(delay)s::float8),
+           locked_by   = NULL,
+           lease_until = NULL,
+           last_error  = %(detail)s
+     WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+    RETURNING id, kind
+), closed AS (
+    UPDATE pgfence.limits l
+       SET rate_tat = greatest(coalesce(l.rate_tat, now()),
+                               now() + make_interval(secs => %(delay)s::float8
+                                   + greatest(0, least(1.0, l.rate_period) - l.rate_period / l.rate_count)))
+      FROM put_back p
+     WHERE l.kind = p.kind AND l.rate_count IS NOT NULL
+    RETURNING l.kind
+), noted AS (
+    INSERT INTO pgfence.job_attempts (job_id, attempt, worker, started_at, outcome, detail)
+    SELECT %(id)s, %(attempt)s, m.locked_by, m.started_at, 'released', %(detail)s
+      FROM mine m
+     WHERE EXISTS (SELECT 1 FROM put_back)
+    ON CONFLICT DO NOTHING
+)
+SELECT id FROM put_back;

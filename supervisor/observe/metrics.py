@@ -45,6 +45,12 @@ UNKNOWN_KIND = Counter(
     "or failed once older than unknown_kind_timeout.",
     ["queue", "kind"],
 )
+RATE_LIMITED = Counter(
+    "pgfence_jobs_rate_limited",
+    "Jobs whose handler raised RateLimited (the service it called said 429): put back until its retry_after, "
+    "no attempt spent.",
+    ["queue", "kind"],
+)
 JOB_DURATION = Histogram("pgfence_job_duration_seconds", "Handler run time.", ["queue", "kind"])
 JOB_WAIT = Histogram("pgfence_job_wait_seconds", "From run_at to start.", ["queue", "kind"])
 HEARTBEAT_DURATION = Histogram("pgfence_heartbeat_duration_seconds", "Time of one batched renewal statement.")

@@ -235,6 +235,14 @@ def put_back_unknown(conn: psycopg.Connection, job_id: int, attempt: int, *, del
     return status_text
 
 
+def rate_limited(conn: psycopg.Connection, job_id: int, attempt: int, *, delay: float, detail: str) -> bool:
+    """Fenced put-back of a job whose handler was rate limited: queued again
+    ``delay`` seconds later, no attempt spent, its kind's rate closed until
+    then; False when this attempt no longer owns it."""
+    params = {"id": job_id, "attempt": attempt, "delay": delay, "detail": detail}
+    return conn.execute(q("rate_limited"), params).fetchone() is not None
+
+
 class Released(NamedTuple):
     """A job handed back to the queue by :func:`release`."""
 

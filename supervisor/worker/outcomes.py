@@ -12,10 +12,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -23,43 +21,23 @@ import psycopg
 from pgfence import errortext, registry, results
 from pgfence.backoff import Backoff
 from pgfence.errors import (DatabaseError, DatabaseUnavailable, LeaseLost, PayloadRejected, PgfenceError,
-                            ResultRejected, TransactionConflict)
+                            RateLimited, ResultRejected, TransactionConflict)
 from pgfence.job import Job, JobBase
 from pgfence.observe import metrics
 from pgfence.settings import Settings
 from pgfence.store import db, pools
 from pgfence.store import jobs as store
 from pgfence.worker.lease import LeaseTracker
+from pgfence.worker.stats import DEFERRED, DONE, FAILED, LOST, PUT_BACK, RATE_LIMITED, RELEASED, RETRIED, Stats
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
 
 log = logging.getLogger("pgfence.worker")
 
-#: Outcomes of a job's run, also what the tests assert.
-DONE, RETRIED, FAILED, LOST, RELEASED = "done", "retried", "failed", "lost", "released"
-#: A job of a kind this worker does not know, handed back for another worker.
-PUT_BACK = "put_back"
-#: A job run but not yet completed: its completion is batched with others.
-DEFERRED = "deferred"
-
-
-@dataclass
-class Stats:
-    claimed: int = 0
-    reclaimed: int = 0
-    outcomes: dict[str, int] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, outcome: str) -> None:
-        # Jobs end on many threads at once in a worker that runs many.
-        with self._lock:
-            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-
-    def ran(self) -> int:
-        """Jobs that ran (put-backs ran nothing)."""
-        with self._lock:
-            return sum(n for outcome, n in self.outcomes.items() if outcome != PUT_BACK)
+#: Re-exported: the outcomes' names and the counts (pgfence.worker.stats).
+__all__ = ["DEFERRED", "DONE", "FAILED", "LOST", "PUT_BACK", "RATE_LIMITED", "RELEASED", "RETRIED", "Outcomes",
+           "Stats"]
 
 
 class Outcomes:
@@ -204,6 +182,8 @@ class Outcomes:
                 # database does not answer is retried either way.
                 self.release(job, retry_later=True, detail=f"lease lost ({exc.reason}): handed back")
             return LOST
+        if isinstance(exc, RateLimited):
+            return self._rate_limited(job, exc)
         if isinstance(exc, PayloadRejected):
             return self._fail(job, f"payload rejected: {exc}", final=True, exc=exc)
         if isinstance(exc, ResultRejected):
@@ -324,6 +304,26 @@ class Outcomes:
                         self.name, errortext.one_line(job.kind), errortext.one_line(job.queue),
                         self.settings.unknown_kind_delay, self.settings.unknown_kind_timeout)
         return PUT_BACK
+
+    def _rate_limited(self, job: JobBase, exc: RateLimited) -> str:
+        """Hand back (fenced) a job whose handler raised RateLimited: queued
+        again ``retry_after`` seconds later, no attempt spent, and its kind's
+        rate (if any) closed until then."""
+        detail = errortext.first_line(str(exc))[:2000]
+        try:
+            with self._conn_for(job) as conn:
+                back = db.retrying(lambda: store.rate_limited(conn, job.id, job.attempt, delay=exc.retry_after,
+                                                              detail=detail), self.dsn, what="put-back")
+        except DatabaseError as err:
+            log.warning("job %s attempt %s: could not put it back (%s)", job.id, job.attempt, err)
+            self._forget_connection(err)
+            return LOST
+        if not back:
+            self._refused(job, "put-back")
+            return LOST
+        log.info("job %s (%s) attempt %s %s", job.id, errortext.one_line(job.kind), job.attempt, detail)
+        metrics.of(metrics.RATE_LIMITED, job.queue, job.kind).inc()
+        return RATE_LIMITED
 
     def release(self, job: JobBase, *, reclaim: bool = False, reason: str | None = None,
                 retry_later: bool = False, detail: str | None = None) -> bool:
