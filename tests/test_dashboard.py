@@ -137,7 +137,7 @@ def test_panel_ids_and_grid(dashboard):
 def test_rows(dashboard):
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
     assert rows == ["Reclaims & safety", "Throughput", "Wait and run time", "Queues", "Workers", "Saturation",
-                    "Heartbeat", "Vacuum", "Periodic jobs"]
+                    "Heartbeat", "Vacuum", "Periodic jobs", "Concurrency limits"]
 
 
 def test_variables(dashboard):

@@ -12,6 +12,7 @@ import psycopg
 from pgfence import names
 from pgfence.store import admin as store
 from pgfence.store import db, operations
+from pgfence.store import limits as limits_store
 
 
 #: Up to this many rows of history (by the catalog's estimate), ``status``
@@ -31,8 +32,9 @@ def history_sample_percent(estimate: float, exact_rows: int = EXACT_HISTORY_ROWS
 
 def status(conn: psycopg.Connection) -> dict[str, Any]:
     """Counts per queue and status (finished ones estimated from a sample
-    when history is large: ``estimated`` says so), and every running job
-    with its lease."""
+    when history is large: ``estimated`` says so), every running job with
+    its lease, and, when any kind has concurrency limits, ``limits``: per
+    kind the limits in force, the slots in use and the jobs waiting."""
     with db.translated():
         counts: dict[str, dict[str, int]] = {}
         percent = history_sample_percent(store.history_estimate(conn), EXACT_HISTORY_ROWS)
@@ -43,7 +45,20 @@ def status(conn: psycopg.Connection) -> dict[str, Any]:
              "lease_left": round(r.lease_left, 3) if r.lease_left is not None else None}
             for r in store.running_jobs(conn)
         ]
-    return {"queues": counts, "running": running, "estimated": percent < 100.0}
+        limits = [limit_use(row) for row in limits_store.list_limits(conn)]
+    data: dict[str, Any] = {"queues": counts, "running": running, "estimated": percent < 100.0}
+    if limits:
+        data["limits"] = limits
+    return data
+
+
+def limit_use(row: limits_store.LimitRow) -> dict[str, Any]:
+    """One kind's line of ``status``'s limits: its limits in force (None:
+    none), the slots held (running and admitted) and the jobs held back
+    (waiting for a slot, and held until their run_at)."""
+    return {"kind": row.kind, "concurrency": row.concurrency, "per_key_concurrency": row.per_key_concurrency,
+            "in_use": row.running + row.admitted, "running": row.running, "admitted": row.admitted,
+            "waiting": row.waiting, "scheduled": row.scheduled}
 
 
 def failed(conn: psycopg.Connection, *, limit: int = 20, queue: str | None = None,

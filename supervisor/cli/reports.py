@@ -1,5 +1,6 @@
-"""The commands that read: ``pgfence status``, ``failed`` and ``periodic``
-(tables for a terminal, or JSON), and ``dsn``."""
+"""The commands that read: ``pgfence status`` (with the concurrency limits'
+use), ``failed`` and ``periodic`` (tables for a terminal, or JSON), and
+``dsn``."""
 
 from __future__ import annotations
 
@@ -47,7 +48,28 @@ def cmd_status(args: argparse.Namespace) -> int:
         for r in data["running"]:
             print(f"{r['id']:>10}  {r['queue']:<12} {r['kind']:<16} {r['attempt']:>7}  "
                   f"{r['lease_left']:>9.1f}s  {r['locked_by']}")
+    if data.get("limits"):
+        print()
+        for line in limits_table(data["limits"]):
+            print(line)
     return 0
+
+
+def limits_table(rows: list[dict[str, Any]]) -> list[str]:
+    """``status``'s table of concurrency limits: per kind the limit and the
+    per-key limit in force ("-": none), the slots in use (running and
+    admitted), the jobs waiting for a slot and those held until their
+    run_at (as ``pgfence limits show`` counts them)."""
+    def shown(value: int | None) -> str:
+        return "-" if value is None else str(value)
+
+    lines = [f"{'kind':<24} {'limit':>8} {'per key':>8} {'in use':>8} {'waiting':>8} {'scheduled':>9}"]
+    for r in rows:
+        # A kind comes from a producer or a handler: escaped for the terminal.
+        lines.append(f"{errortext.one_line(r['kind']):<24} {shown(r['concurrency']):>8} "
+                     f"{shown(r['per_key_concurrency']):>8} {r['in_use']:>8} {r['waiting']:>8} "
+                     f"{r['scheduled']:>9}")
+    return lines
 
 
 def cmd_failed(args: argparse.Namespace) -> int:

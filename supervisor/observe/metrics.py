@@ -115,11 +115,34 @@ PERIODIC_CLOCK_SKEW = Gauge("pgfence_periodic_host_clock_skew_seconds",
                             "The host's clock minus the database's, as the scheduler last read them (ticks "
                             "follow the database's clock alone).", multiprocess_mode="livemostrecent")
 
+# Concurrency limits (migration 0017), refreshed by the metrics server with
+# the queue gauges (one query: limits_list in sql/queries/limits.sql).  One
+# series per kind with a limits row, never one per concurrency key.
+LIMIT_SLOTS_IN_USE = Gauge("pgfence_limit_slots_in_use",
+                           "Slots of the kind's limits held now: its gated jobs running (an expired lease "
+                           "included, until a reclaim takes the job) or admitted and not yet claimed.",
+                           ["kind"], multiprocess_mode="livemax")
+LIMIT_CONCURRENCY = Gauge("pgfence_limit_concurrency",
+                          "The kind's concurrency limit in force: set at run time (pgfence limits set), else "
+                          "declared by its handler; 0 if it has none.", ["kind"], multiprocess_mode="livemax")
+LIMIT_PER_KEY_CONCURRENCY = Gauge("pgfence_limit_per_key_concurrency",
+                                  "The kind's per-key concurrency limit in force (jobs of one concurrency key at "
+                                  "once): set at run time, else declared by its handler; 0 if it has none.",
+                                  ["kind"], multiprocess_mode="livemax")
+JOBS_HELD_BACK = Gauge("pgfence_jobs_held_back",
+                       "Queued jobs a concurrency limit holds back, by kind and reason: concurrency (waiting for "
+                       "a slot) or scheduled (held until its run_at).", ["kind", "reason"],
+                       multiprocess_mode="livemax")
+
 #: The outcomes of a tick, as used in the ``outcome`` label.
 PERIODIC_OUTCOMES = ("enqueued", "skipped", "queued", "missed")
 
 #: The results of pgfence's own VACUUM, as used in the ``result`` label.
 SELF_VACUUM_RESULTS = ("done", "held", "skipped")
+
+#: Why a job is held back, as used in the ``reason`` label (the jobs'
+#: held_back column).
+HELD_BACK_REASONS = ("concurrency", "scheduled")
 
 #: Why a child replaced itself, as used in the ``reason`` label.
 RECYCLE_REASONS = ("max_jobs", "max_memory", "timeout", "lost_lease")

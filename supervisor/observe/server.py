@@ -8,8 +8,9 @@ It serves, on the socket the arbiter bound before any fork:
   busy worker can never fail);
 - ``/readyz``: 200 when the database answers and the workers are up.
 
-It also refreshes the ``pgfence_queue_*`` gauges and the vacuum ones
-(:mod:`pgfence.observe.vacuum`) at an interval, so that one process, not
+It also refreshes the ``pgfence_queue_*`` gauges, the vacuum ones
+(:mod:`pgfence.observe.vacuum`) and the concurrency limits' ones
+(:mod:`pgfence.observe.limits`) at an interval, so that one process, not
 every scrape of every child, counts the jobs table.  Serving
 from a child keeps the arbiter free of threads.
 """
@@ -30,9 +31,11 @@ import psycopg
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from pgfence.store import admin, db, operations
+from pgfence.store import limits as limits_store
 from pgfence.observe.collect import TolerantCollector
 from pgfence.store.vacuum import vacuum_stats
 from pgfence.observe import metrics
+from pgfence.observe.limits import LimitGauges
 from pgfence.observe.vacuum import VacuumWatch
 from pgfence.prefork import proctitle
 from pgfence.prefork.slots import SlotTable
@@ -66,6 +69,7 @@ class MetricsServer:
         #: The queues this supervisor serves (their paused gauge reads 0 from the start).
         self.served = tuple(settings.queues)
         self.vacuum = VacuumWatch(settings.vacuum_warn_dead_tuples, settings.vacuum_warn_horizon)
+        self.limits = LimitGauges()
         #: One collector for every scrape (it reads the files afresh each
         #: time), so that a bad file is logged once, not at every scrape.
         self.registry = CollectorRegistry()
@@ -139,9 +143,15 @@ class MetricsServer:
         """Set the vacuum gauges from one query; return the warnings logged."""
         return self.vacuum.observe(self._query(vacuum_stats), time.monotonic())
 
+    def refresh_limits(self) -> int:
+        """Set the concurrency limits' gauges from one query; return the
+        kinds with limits."""
+        return self.limits.observe(self._query(limits_store.list_limits))
+
     def _refresh_loop(self) -> None:
         while not self._stop.is_set():
-            for refresh, what in ((self.refresh_queues, "queue"), (self.refresh_vacuum, "vacuum")):
+            for refresh, what in ((self.refresh_queues, "queue"), (self.refresh_vacuum, "vacuum"),
+                                  (self.refresh_limits, "limits")):
                 try:
                     refresh()
                 except Exception as exc:  # noqa: BLE001 - the next round tries again

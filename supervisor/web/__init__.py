@@ -1,5 +1,5 @@
 """The web dashboard (``pgfence web``; the ``web`` extra): queues, jobs and
-their attempts, schedules; retry, cancel, delete, pause and resume.
+their attempts, schedules, limits; retry, cancel, delete, pause, resume.
 
 ``create_app(dsn)`` returns the ASGI application, to serve or to mount in
 another ASGI application (see the README's "Web dashboard").  It is

@@ -26,6 +26,7 @@ from pgfence.web import auth
 from pgfence.web.bulk import BATCH, LEASE, REST
 from pgfence.web.bulk_pages import BulkPages
 from pgfence.web.dashboard import Dashboard
+from pgfence.web.limits_pages import LimitPages
 from pgfence.web.views import Views
 
 
@@ -128,6 +129,7 @@ def create_app(dsn: str, *, read_only: bool = False, redact_payloads: bool = Fal
                           secret=secret, bulk_batch=bulk_batch, bulk_lease=bulk_lease, bulk_rest=bulk_rest)
     views = Views(dashboard)
     bulk_pages = BulkPages(views)
+    limit_pages = LimitPages(views)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -139,7 +141,8 @@ def create_app(dsn: str, *, read_only: bool = False, redact_payloads: bool = Fal
         yield
         dashboard.close()
 
-    app = Starlette(routes=[*bulk_pages.routes(), *views.routes()], middleware=[Middleware(Guard, dashboard=dashboard)],
+    app = Starlette(routes=[*bulk_pages.routes(), *limit_pages.routes(), *views.routes()],
+                    middleware=[Middleware(Guard, dashboard=dashboard)],
                     exception_handlers=views.exception_handlers(), lifespan=lifespan)
     app.state.dashboard = dashboard
     return app

@@ -26,6 +26,10 @@ RECENT_SECONDS = 300.0
 STATUSES = ("queued", "running", "done", "failed", "cancelled")
 
 
+#: Why a queued job waits (its held_back), as the job page says it.
+HELD_BACK = {"concurrency": "waiting for a concurrency slot", "scheduled": "held until its run_at"}
+
+
 #: The job list's filters, as query parameters and form fields.
 FILTERS = ("queue", "kind", "status", "id", "dedupe_key", "error")
 

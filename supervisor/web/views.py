@@ -33,6 +33,7 @@ from pgfence.store import web as store
 from pgfence.web import actions, auth
 from pgfence.web.dashboard import Dashboard, pretty_json
 from pgfence.web.present import (
+    HELD_BACK,
     OVERVIEW_EXACT_ROWS,
     PAGE,
     RECENT_SECONDS,
@@ -249,7 +250,7 @@ class Views:
         allowed = [action for action, statuses in actions.ELIGIBLE.items() if job.status in statuses]
         return self.render(
             request, "job.html", job=job, payload=payload, result=result, attempts=attempt_lines(job, recorded),
-            allowed=allowed,
+            allowed=allowed, held_back_text=HELD_BACK.get(job.held_back or "", job.held_back),
             idempotency_key=idempotency_key(job.id),
             dedupe_idempotency_key=dedupe_idempotency_key(job.kind, job.dedupe_key) if job.dedupe_key else None,
             **data)
