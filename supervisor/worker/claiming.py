@@ -42,6 +42,9 @@ RECLAIM_SCAN_INTERVAL = 1.0
 #: An idle worker that sleeps until the next run_at wakes this much later,
 #: so that the job is due by the database clock when the claim looks.
 RUN_AT_MARGIN = 0.005
+#: At most this many seconds between two admissions by time (admit_due) of
+#: a busy worker.
+ADMIT_INTERVAL = 0.25
 #: Longest slice of an idle wait: a stop request is seen at least this often.
 WAIT_SLICE = 0.25
 
@@ -67,6 +70,8 @@ class Claiming(Outcomes):
     _listening: bool
     _owner: threading.Thread
     _next_reclaim_scan: float
+    #: When this worker last admitted held jobs by time (monotonic).
+    _admitted_at: float = 0.0
     _last_prune: float
     paused: frozenset[str]
     notes_before_claim: int
@@ -177,9 +182,12 @@ class Claiming(Outcomes):
         self.refresh_pauses()
         args, sent_at = self.claim_args(batch, kinds, not_kinds, reclaim=reclaim)
         with db.translated(self.dsn):
-            if args["reclaim"]:
-                # About once a second, as the expired leases: held jobs of
-                # a concurrency limit whose run_at came are admitted.
+            now = time.monotonic()
+            if now - self._admitted_at >= ADMIT_INTERVAL:
+                # Held jobs whose run_at came, or whose kind's rate lets
+                # more start, are admitted (a rate's burst is a second's
+                # worth: rounds this often lose none of it).
+                self._admitted_at = now
                 limits_store.admit_due(self.conn)
             rows = store.claim(self.conn, **args)
         return self.adopt(rows, sent_at)
