@@ -14,11 +14,12 @@ RESULTS = BENCH / "results"
 DESCRIPTION = ("The pgfence benchmark: throughput, enqueue calls, pickup latency, lease renewal, claim cost and "
                "memory, side by side with pgqueuer, procrastinate, a naive psycopg loop and pgbench running "
                "pgfence's own statements, on the same PostgreSQL.")
-SECTIONS = ("pgfence", "effect", "pgqueuer", "procrastinate", "naive", "pgbench", "enqueue", "django", "io", "pickup",
-            "heartbeat", "claim", "web", "memory", "profile", "soak")
+SECTIONS = ("pgfence", "effect", "pgqueuer", "procrastinate", "naive", "pgbench", "enqueue", "django", "limits", "io",
+            "pickup", "heartbeat", "claim", "web", "memory", "profile", "soak")
 #: Sections run only when --only names them: the soak section alone lasts
-#: over an hour at its defaults.
-OPT_IN = ("soak",)
+#: over an hour at its defaults; the limits one (bench/limits_bench.py)
+#: measures pgfence against itself.
+OPT_IN = ("soak", "limits")
 #: The soak section's settings: (default, --quick) for each option not given.
 SOAK_DEFAULTS = {"soak_minutes": (30.0, 1.0), "soak_probe_s": (120.0, 20.0), "soak_probes": (4, 3),
                  "soak_window_s": (30.0, 10.0), "soak_probe_window_s": (10.0, 5.0),

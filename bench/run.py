@@ -345,6 +345,24 @@ class Bench:
         log(f"  Task.enqueue() +{d['task_enqueue_overhead_pct']}% over pgfence.enqueue; enqueue to SUCCESSFUL "
             f"p50 {d['latency_ms']['p50']} ms, p99 {d['latency_ms']['p99']} ms")
 
+    # -- limits: what concurrency and rate limits cost (bench/limits_bench.py) --------------------
+
+    def bench_limits(self) -> None:
+        n, backlog = (4000, 100_000) if self.args.quick else (20_000, 1_000_000)
+        log(f"Limits: {n:,} no-op jobs drained with no limit, a kind concurrency, a per-key limit over 10,000 "
+            f"keys and a rate; claims beside {backlog:,} jobs held back: bench/limits_bench.py")
+        proc = subprocess.run([str(self.pgfence.python), str(BENCH / "limits_bench.py"), "--dsn", self.args.admin_dsn,
+                               "--n", str(n), "--backlog", str(backlog), "--json"],
+                              capture_output=True, text=True, cwd=BENCH, env=self.pgfence.env, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr.strip()[-500:])
+        d = self.metrics["limits"] = json.loads(proc.stdout.strip().splitlines()[-1])
+        for way in ("kind", "key", "rate"):
+            log(f"  {way}: {d['drain'][way]['jobs_per_s']:,.0f} jobs/s, {d['drain'][way]['of_unlimited_pct']}% of "
+                f"unlimited ({d['drain']['none']['jobs_per_s']:,.0f})")
+        log(f"  claim p50 with the backlog {d['backlog']['with']['p50_ms']} ms, without "
+            f"{d['backlog']['without']['p50_ms']} ms")
+
     # -- io: jobs that wait (sleep, an HTTP call, a fenced row) -----------------------------------
 
     def start_http(self) -> subprocess.Popen:
