@@ -357,7 +357,7 @@ def test_the_proxy_forwards_knows_its_backends_and_blackholes_a_link(dsn):
 def test_the_mix_is_split_exactly_by_largest_remainder():
     from pgfence.tools.loadtest.mix import allocate
 
-    none = {"asleep": 0, "aeffect": 0}
+    none = {"asleep": 0, "aeffect": 0, "limited": 0, "keyed": 0}
     assert allocate(150, {"noop": 40, "sleep": 30, "fail": 10, "effect": 10, "receipt": 10}) == {
         "noop": 60, "sleep": 45, "fail": 15, "effect": 15, "receipt": 15, **none}
     assert allocate(7, {"noop": 1, "sleep": 1, "fail": 1}) == {
@@ -365,7 +365,11 @@ def test_the_mix_is_split_exactly_by_largest_remainder():
     assert allocate(1, {"receipt": 3, "effect": 1}) == {
         "noop": 0, "sleep": 0, "fail": 0, "effect": 0, "receipt": 1, **none}
     assert allocate(300, {"noop": 20, "sleep": 20, "asleep": 20, "effect": 15, "aeffect": 15, "fail": 10}) == {
-        "noop": 60, "sleep": 60, "fail": 30, "effect": 45, "receipt": 0, "asleep": 60, "aeffect": 45}
+        "noop": 60, "sleep": 60, "fail": 30, "effect": 45, "receipt": 0, "asleep": 60, "aeffect": 45, "limited": 0,
+        "keyed": 0}
+    assert allocate(10, {"noop": 1, "limited": 2, "keyed": 2}) == {
+        **dict.fromkeys(("sleep", "fail", "effect", "receipt", "asleep", "aeffect"), 0), "noop": 2, "limited": 4,
+        "keyed": 4}
 
 
 def test_async_jobs_load_the_async_handlers_and_draw_their_seconds_like_sleep():
@@ -402,9 +406,11 @@ def test_async_jobs_load_the_async_handlers_and_draw_their_seconds_like_sleep():
     (["--jobs", "many"], "invalid --jobs: expected a whole number, got 'many'"),
     (["--supervisors", "0"], "invalid --supervisors: must be from 1 to 64, got 0"),
     (["--mix", "noop=1,bogus=2"],
-     "invalid --mix: unknown job type 'bogus' (known: noop, sleep, fail, effect, receipt, asleep, aeffect)"),
+     "invalid --mix: unknown job type 'bogus' (known: noop, sleep, fail, effect, receipt, asleep, aeffect, limited, "
+     "keyed)"),
     (["--mix", "noop"],
-     "invalid --mix: 'noop' is not NAME=WEIGHT (names: noop, sleep, fail, effect, receipt, asleep, aeffect)"),
+     "invalid --mix: 'noop' is not NAME=WEIGHT (names: noop, sleep, fail, effect, receipt, asleep, aeffect, limited, "
+     "keyed)"),
     (["--mix", "noop=0"], "invalid --mix: give at least one job type a positive weight"),
     (["--mix", "noop=-1"], "invalid --mix: the weight of 'noop' must be 0 or more, got -1"),
     (["--faults", "stop,explode"],

@@ -25,7 +25,12 @@ def add_loadtest_arguments(p: argparse.ArgumentParser) -> None:
                    help="jobs of def handlers each worker runs at once, one thread each (default 1)")
     p.add_argument("--async-concurrency", default="100",
                    help="jobs of async def handlers (asleep, aeffect) each worker runs at once (default 100)")
-    p.add_argument("--mix", default=DEFAULT_MIX, help=f"job types and weights (default {DEFAULT_MIX})")
+    p.add_argument("--mix", default=DEFAULT_MIX,
+                   help="job types and weights, NAME=WEIGHT comma-separated (noop, sleep, fail, effect, receipt, "
+                        "asleep, aeffect, limited, keyed); the limited ones work like sleep under a concurrency "
+                        "limit: limited=W@N at most N at once, keyed=W@N/K at most N at once of one concurrency "
+                        "key, spread over K keys, keyed=W@M:N/K and at most M at once in all; the audit checks "
+                        f"the limits held (default {DEFAULT_MIX})")
     p.add_argument("--sleep-mean", default="0.5",
                    help="mean seconds of sleep/effect/receipt/asleep/aeffect jobs, exponentially distributed "
                         "(default 0.5)")

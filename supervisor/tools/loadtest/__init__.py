@@ -11,8 +11,8 @@ The run, in order (:mod:`.runner`):
 4. M jobs of the chosen mix (:mod:`.mix`), enqueued at once;
 5. faults at seeded random times (:mod:`.faults`) until every job has ended;
 6. every supervisor's /metrics scraped just before it is stopped, the audit
-   (:mod:`.audit`) and the report (:mod:`.report`); exit status 1 if a check
-   fails.
+   (:mod:`.audit`, the concurrency limits in :mod:`.audit_limits`) and the
+   report (:mod:`.report`); exit status 1 if a check fails.
 
 Examples::
 
@@ -23,6 +23,11 @@ Examples::
     # async jobs in the mix, every fault
     pgfence loadtest --threads 8 --async-concurrency 50 --faults all \
         --mix noop=20,sleep=20,asleep=20,effect=15,aeffect=15,fail=10
+
+    # concurrency limits under faults: at most 3 limited jobs at once, at
+    # most 1 keyed job of one key at once over 50 keys; the audit proves it
+    pgfence loadtest --faults stop,kill,partition \
+        --mix noop=40,limited=30@3,keyed=30@1/50
 
     # the large run: 256 workers through PgBouncer in transaction pooling
     # (Debian: apt-get install pgbouncer), a chart of it

@@ -12,7 +12,10 @@ Checked exactly:
 - the email API saw exactly one distinct idempotency key per receipt job that
   sent (none other), each at most as many times as the job was claimed
   (``attempt``): every attempt posts at most once;
-- every supervisor ran until it was stopped and then exited 0.
+- every supervisor ran until it was stopped and then exited 0;
+- with limited mixes (``limited``, ``keyed``): no instant saw more attempts
+  of such a kind, or of one of its concurrency keys, holding a live lease
+  than its limit, from the attempt history (:mod:`.audit_limits`).
 
 The counters against the database.  From ``sql/queries/jobs.sql``, a job's
 ``reclaims`` is raised by exactly two statements, by one each time:
@@ -90,7 +93,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgfence.job import idempotency_key
-from pgfence.tools.loadtest.mix import EFFECTS, EXPECTED
+from pgfence.tools.loadtest import audit_limits
+from pgfence.tools.loadtest.mix import EFFECTS, EXPECTED, Limit
 
 #: Verdicts the claim statement writes when it fails a job instead of running it.
 CLAIM_VERDICTS = ("lease expired on the final attempt", "quarantined:", "no attempts left")
@@ -128,6 +132,12 @@ class Evidence:
     #: Most leases one worker child holds at once (0: ``batch``, a child
     #: that runs one job at a time).
     held: int = 0
+    #: The limited mixes' limits, by mix name (none: no such check).
+    limits: dict[str, Limit] = field(default_factory=dict)
+    #: Job id -> its concurrency key (the keyed mix's jobs).
+    keys: dict[int, str] = field(default_factory=dict)
+    #: The limited jobs' rows of pgfence.job_attempts (statements.Attempt).
+    attempts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def per_child(self) -> int:
@@ -144,6 +154,8 @@ def run(ev: Evidence) -> dict[str, Any]:
         _once(ev, "effects", ev.effects, EFFECTS), _once(ev, "receipts", ev.receipts, ("receipt",)),
         _deliveries(ev), *_counters(ev), _extra_attempts(ev), _deadlocks(ev), _supervisors(ev),
     ]
+    if ev.limits:
+        checks.append(audit_limits.check(ev.limits, ev.enqueued, ev.keys, ev.jobs, ev.attempts, ev.db_zero))
     return {"passed": all(c["passed"] for c in checks), "checks": checks}
 
 

@@ -114,8 +114,12 @@ class Supervisor:
 class Fleet:
     def __init__(self, *, count: int, workers: int, batch: int | None, threads: int, async_concurrency: int,
                  handlers: list[str], queue: str, lease: float, poll_interval: float, graceful: float,
-                 dsns: list[str], mail_url: str, listen: bool, unprotected: bool, workdir: Path, log_dir: Path):
+                 dsns: list[str], mail_url: str, listen: bool, unprotected: bool, workdir: Path, log_dir: Path,
+                 env: dict[str, str] | None = None):
         self.count = count
+        #: Set for the supervisors besides the DSN and the email API (the
+        #: limited kinds the load test's handlers register).
+        self.extra_env = dict(env or {})
         # No --batch: each worker claims up to its free slots.
         self.args = ["--workers", str(workers), *(["--batch", str(batch)] if batch is not None else []),
                      "--threads", str(threads), "--async-concurrency", str(async_concurrency),
@@ -136,6 +140,7 @@ class Fleet:
     def _env(self, dsn: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PGFENCE_") and k != "DATABASE_URL"}
         env.update(PGFENCE_DSN=dsn, PGFENCE_EMAIL_API_URL=self.mail_url, PYTHONUNBUFFERED="1")
+        env.update(self.extra_env)
         return env
 
     def start(self) -> None:

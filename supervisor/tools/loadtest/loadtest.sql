@@ -4,9 +4,12 @@
 
 -- name: loadtest_enqueue
 -- Enqueue one chunk of the run's jobs; n is each job's place in the chunk.
-SELECT u.n, pgfence.enqueue(u.kind, u.payload, %(queue)s, 0, NULL, u.max_attempts, NULL, u.max_reclaims)
-  FROM unnest(%(kinds)s::text[], %(payloads)s::jsonb[], %(attempts)s::int[], %(reclaims)s::int[])
-       WITH ORDINALITY AS u(kind, payload, max_attempts, max_reclaims, n)
+-- A job of a limited mix has its concurrency key (NULL for the others).
+SELECT u.n, pgfence.enqueue(u.kind, u.payload, %(queue)s, 0, NULL, u.max_attempts, NULL, u.max_reclaims,
+                            u.concurrency_key)
+  FROM unnest(%(kinds)s::text[], %(payloads)s::jsonb[], %(attempts)s::int[], %(reclaims)s::int[],
+              %(keys)s::text[])
+       WITH ORDINALITY AS u(kind, payload, max_attempts, max_reclaims, concurrency_key, n)
  ORDER BY u.n;
 
 -- name: loadtest_states
@@ -30,6 +33,18 @@ SELECT t.job_id, t.id, t.attempt, t.worker
   JOIN pgfence.all_jobs j ON j.id = t.job_id
  WHERE j.queue = %(queue)s
  ORDER BY t.job_id, t.id;
+
+-- name: loadtest_attempts
+-- The attempts that pgfence.job_attempts records for the jobs %(ids)s (of
+-- the run's queue: the caller's ids), each with how it ended: started_at
+-- is its claim, ended_at its lease's end for a lease lost to a reclaim
+-- (lease_until as the reclaim found it), else when its error, release or
+-- cancel was written.  A job's attempt that completed it has no row: its
+-- end is the job's finished_at.
+SELECT a.job_id, a.attempt, a.outcome, a.started_at, a.ended_at
+  FROM pgfence.job_attempts a
+ WHERE a.job_id = ANY(%(ids)s::bigint[])
+ ORDER BY a.job_id, a.attempt, a.outcome;
 
 -- name: loadtest_receipts
 -- The run's committed receipt rows, per job in commit order.

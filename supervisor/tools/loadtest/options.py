@@ -27,6 +27,8 @@ class Plan:
     async_concurrency: int
     weights: dict[str, int]
     counts: dict[str, int]
+    #: The limited mixes that have jobs: their limits, by mix name.
+    limits: dict[str, mix_mod.Limit]
     sleep_mean: float
     sleep_max: float
     lease: float
@@ -67,6 +69,7 @@ class Plan:
             "jobs": self.jobs, "supervisors": self.supervisors, "workers": self.workers, "batch": self.batch,
             "threads": self.threads, "async_concurrency": self.async_concurrency, "capacity": self.capacity,
             "mix": dict(self.weights), "counts": dict(self.counts),
+            "limits": {name: limit.describe(name) for name, limit in self.limits.items()},
             "sleep_mean": self.sleep_mean, "sleep_max": self.sleep_max,
             "lease": self.lease, "poll_interval": self.poll_interval, "faults": list(self.faults),
             "fault_interval": self.fault_interval, "xmin_hold": self.xmin_hold, "seed": self.seed,
@@ -113,7 +116,8 @@ def plan(args: argparse.Namespace) -> Plan:
     batch = None if args.batch is None else _whole("--batch", args.batch, 1, 1000)
     threads = _whole("--threads", args.threads, 1, THREADS_MAX)
     async_concurrency = _whole("--async-concurrency", args.async_concurrency, 1, ASYNC_CONCURRENCY_MAX)
-    weights = mix_mod.parse(args.mix)
+    weights, limits = mix_mod.parse_mix(args.mix)
+    counts = mix_mod.allocate(jobs, weights)
     sleep_mean = _seconds("--sleep-mean", args.sleep_mean, zero=True)
     sleep_max = _seconds("--sleep-max", args.sleep_max, zero=True)
     if sleep_mean > sleep_max:
@@ -144,7 +148,8 @@ def plan(args: argparse.Namespace) -> Plan:
             raise ConfigError(f"invalid --plot: no such directory {folder!r}")
     return Plan(jobs=jobs, supervisors=supervisors, workers=workers, batch=batch, threads=threads,
                 async_concurrency=async_concurrency, weights=weights,
-                counts=mix_mod.allocate(jobs, weights), sleep_mean=sleep_mean, sleep_max=sleep_max, lease=lease,
+                counts=counts, limits={name: lim for name, lim in limits.items() if counts[name] > 0},
+                sleep_mean=sleep_mean, sleep_max=sleep_max, lease=lease,
                 poll_interval=poll_interval, faults=faults, fault_interval=fault_interval, xmin_hold=xmin_hold,
                 seed=seed,
                 timeout=timeout, json=args.json, plot=args.plot, progress=args.progress, pgbouncer=args.pgbouncer,

@@ -129,6 +129,13 @@ def text(report: dict[str, Any]) -> str:
     for hold in faults.get("xmin_holds", []):
         lines.append(f"  xmin horizon held at {hold['t']:.1f}s for {hold['seconds']:.1f}s: jobs/s "
                      f"{hold['before']:g} before, {hold['during']:g} during, {hold['after']:g} after")
+    for lim in report.get("limits") or []:
+        line = f"  limits: {lim['mix']} ({lim['kind']}): {lim['max_concurrent']} at once"
+        line += "" if lim["concurrency"] is None else f" (limit {lim['concurrency']})"
+        if lim["per_key_concurrency"] is not None:
+            line += (f", {lim.get('max_per_key', 0)} of one key (limit {lim['per_key_concurrency']}, "
+                     f"{lim['keys']} keys)")
+        lines.append(line + f", {lim['attempts']} attempts")
     audit = report["audit"]
     lines.append("audit: " + ("PASS" if audit["passed"] else "FAIL"))
     for check in audit["checks"]:
@@ -136,6 +143,13 @@ def text(report: dict[str, Any]) -> str:
         if not check["passed"]:
             for dup in check.get("duplicates", [])[:10]:
                 lines.append(f"      job {dup['job']}: rows {dup['rows']} by attempts {dup['attempts']}")
+            for over in check.get("over", [])[:10]:
+                lines.append(f"      {over['mix']}" + (f" key {over['key']}" if over["key"] is not None else "")
+                             + f": {over['max']} at once at {over['at']:.3f}s (limit {over['limit']}): "
+                             + ", ".join(f"job {h['job']} attempt {h['attempt']} {h['start']:.3f}s..{h['end']:.3f}s "
+                                         f"({h['ended']})" for h in over["holders"][:10]))
+            for lost in check.get("unplaced", [])[:10]:
+                lines.append(f"      job {lost['job']} attempt {lost['attempt']}: not placed, {lost['why']}")
             for wrong in check.get("wrong", [])[:10]:
                 lines.append(f"      job {wrong['job']} ({wrong['mix']}): {wrong['status']}, attempt "
                              f"{wrong['attempt']}: {wrong['last_error']}")

@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 
+from pgfence.admin import limits as admin_limits
 from pgfence.errors import PgfenceError
 from pgfence.tools.mailsink import MailSink
 from pgfence.tools.loadtest import audit
@@ -43,6 +44,12 @@ from pgfence.tools.loadtest.proxy import Proxy
 from pgfence.tools.loadtest.server import Server
 
 POLL = 0.5
+
+
+def _limits_text(limits: tuple[int | None, int | None]) -> str:
+    concurrency, per_key = limits
+    return (f"concurrency {'none' if concurrency is None else concurrency}, "
+            f"per key {'none' if per_key is None else per_key}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -128,13 +135,45 @@ class LoadTest:
                            queue=self.queue,
                            lease=plan.lease, poll_interval=plan.poll_interval, graceful=self.graceful, dsns=dsns,
                            mail_url=self.sink.url, listen=not plan.pgbouncer, unprotected=plan.unprotected,
-                           workdir=self.tmp, log_dir=self.log_dir)
+                           workdir=self.tmp, log_dir=self.log_dir,
+                           env={mix.LIMITS_ENV: mix.encode(plan.limits)} if plan.limits else None)
         # On the way out: stop the supervisors, then cancel what is left of
         # the run's jobs (nothing after a complete run).
         stack.callback(self._cancel_leftovers)
         stack.callback(self.fleet.shutdown)
         self.fleet.start()
         self.fleet.wait_ready(30 + 0.25 * plan.supervisors * plan.workers)
+        self._wait_limits(10.0)
+
+    def _wait_limits(self, timeout: float) -> None:
+        """Until pgfence.limits holds the limited kinds' limits as the mix
+        gives them (each supervisor records its handlers' at start), so that
+        every job of those kinds is gated from its enqueue; PgfenceError if
+        another limit stays in force (one set at run time wins until reset)."""
+        if not self.plan.limits:
+            return
+        wanted = {lim.kind(name): (lim.concurrency, lim.per_key) for name, lim in self.plan.limits.items()}
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = [row for row in admin_limits.list_limits(self._db()) if row["kind"] in wanted]
+            found = {row["kind"]: (row["concurrency"], row["per_key_concurrency"]) for row in rows}
+            declared = {row["kind"]: (row["declared"]["concurrency"], row["declared"]["per_key_concurrency"])
+                        for row in rows}
+            wrong = {kind: found.get(kind) for kind, want in wanted.items() if found.get(kind) != want}
+            if not wrong:
+                return
+            # Declared as the mix says, and overridden: no use waiting.
+            overridden = any(declared.get(kind) == wanted[kind] for kind in wrong)
+            if overridden or time.monotonic() > deadline:
+                kind = next((k for k in sorted(wrong) if declared.get(k) == wanted[k]), min(wrong))
+                got, want = wrong[kind], wanted[kind]
+                if got is None:
+                    raise PgfenceError(f"kind {kind!r} has no limits in pgfence.limits {timeout:g}s after its "
+                                       f"supervisors were ready (the mix's: {_limits_text(want)})")
+                raise PgfenceError(
+                    f"kind {kind!r} runs under limits {_limits_text(got)}, not the mix's {_limits_text(want)}: "
+                    f"reset them with 'pgfence limits reset {kind}'")
+            time.sleep(0.1)
 
     def connections_per_worker(self) -> int:
         """The most connections one worker child opens: its own, and when it
@@ -180,11 +219,14 @@ class LoadTest:
         self._setup()
         plan = self.plan
         specs = mix.make_jobs(plan.counts, random.Random(plan.seed), sleep_mean=plan.sleep_mean,
-                              sleep_max=plan.sleep_max)
+                              sleep_max=plan.sleep_max, limits=plan.limits)
         # Before the first job can run: a deadlock of this run shows as a
         # change of the database's cumulative count.
         self.deadlocks_before = loadtest_store.deadlocks(self._db())
-        self.enqueued = store.enqueue(self._db(), self.queue, specs)
+        enqueued = store.enqueue(self._db(), self.queue, specs)
+        self.enqueued = {job_id: spec.mix for job_id, spec in enqueued.items()}
+        self.keys = {job_id: spec.concurrency_key for job_id, spec in enqueued.items()
+                     if spec.concurrency_key is not None}
         zero = time.monotonic()
         self.db_zero = loadtest_store.clock(self._db())
         self.faults = Faults(plan.faults, seed=plan.seed, interval=plan.fault_interval, lease=plan.lease,
@@ -274,6 +316,7 @@ class LoadTest:
         # Read after every supervisor stopped: a backend reports its
         # deadlocks to the statistics at the latest when it exits.
         deadlocks = loadtest_store.deadlocks(conn) - self.deadlocks_before
+        limited = [job_id for job_id, name in self.enqueued.items() if name in plan.limits]
         return audit.Evidence(
             jobs=store.jobs(conn, self.queue), enqueued=self.enqueued,
             effects=store.rows_by_job(conn, self.queue, "effects"),
@@ -285,7 +328,8 @@ class LoadTest:
                          for s, scrape in zip(self.fleet.supervisors, scrapes, strict=True)],
             batch=plan.claim_size, held=self.held_per_worker(), broken=broken, faults=dict(self.faults.counts),
             fault_events=list(self.faults.events),
-            lease=plan.lease, db_zero=self.db_zero, deadlocks=deadlocks)
+            lease=plan.lease, db_zero=self.db_zero, deadlocks=deadlocks,
+            limits=dict(plan.limits), keys=self.keys, attempts=store.attempts(conn, limited))
 
     def _report(self, ev: audit.Evidence, result: dict[str, Any], elapsed: float) -> dict[str, Any]:
         f = self.faults
@@ -301,6 +345,9 @@ class LoadTest:
                        "xmin_holds": report.around_holds(ev.jobs, f.events, ev.db_zero),
                        "terminated": dict(f.terminated), "server_restarts": self.server.restarts},
             "email": {"requests": sum(ev.deliveries.values()), "distinct_keys": len(ev.deliveries)},
+            # The most attempts of each limited mix that held a live lease
+            # at once (and of one key), from the audit.
+            "limits": next((c["maxima"] for c in result["checks"] if c["name"] == "concurrency limits"), []),
             "audit": result,
             "logs": str(self.log_dir) if self.plan.log_dir else None,
         }

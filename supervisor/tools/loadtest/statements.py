@@ -22,10 +22,12 @@ class Enqueued(NamedTuple):
 
 
 def enqueue_chunk(conn: psycopg.Connection, queue: str, *, kinds: list[str], payloads: list[Jsonb],
-                  attempts: list[int], reclaims: list[int]) -> list[Enqueued]:
-    """Enqueue one chunk of the run's jobs (parallel lists), in the caller's
-    transaction; each job's place in the chunk and its id."""
-    params = {"queue": queue, "kinds": kinds, "payloads": payloads, "attempts": attempts, "reclaims": reclaims}
+                  attempts: list[int], reclaims: list[int], keys: list[str | None]) -> list[Enqueued]:
+    """Enqueue one chunk of the run's jobs (parallel lists; ``keys``: each
+    job's concurrency key or None), in the caller's transaction; each job's
+    place in the chunk and its id."""
+    params = {"queue": queue, "kinds": kinds, "payloads": payloads, "attempts": attempts, "reclaims": reclaims,
+              "keys": keys}
     return [Enqueued._make(row) for row in conn.execute(q("loadtest_enqueue"), params).fetchall()]
 
 
@@ -62,6 +64,20 @@ class Effect(NamedTuple):
 def effects(conn: psycopg.Connection, queue: str) -> list[Effect]:
     """The run's committed effect rows, per job in commit order."""
     return [Effect._make(row) for row in conn.execute(q("loadtest_effects"), {"queue": queue}).fetchall()]
+
+
+class Attempt(NamedTuple):
+    job_id: int
+    attempt: int
+    outcome: str
+    started_at: datetime.datetime | None
+    ended_at: datetime.datetime
+
+
+def attempts(conn: psycopg.Connection, ids: list[int]) -> list[Attempt]:
+    """The attempts pgfence.job_attempts records for the jobs ``ids``, by
+    job, attempt and outcome."""
+    return [Attempt._make(row) for row in conn.execute(q("loadtest_attempts"), {"ids": ids}).fetchall()]
 
 
 class Receipt(NamedTuple):

@@ -17,23 +17,27 @@ from pgfence.tools.loadtest.mix import JobSpec
 ENQUEUE_CHUNK = 5000
 
 
-def enqueue(conn: psycopg.Connection[Any], queue: str, specs: list[JobSpec]) -> dict[int, str]:
+def enqueue(conn: psycopg.Connection[Any], queue: str, specs: list[JobSpec]) -> dict[int, JobSpec]:
     """Enqueue every job in ONE transaction (workers see them all at once);
-    return job id -> mix name."""
-    ids: dict[int, str] = {}
+    return job id -> its spec."""
+    ids: dict[int, JobSpec] = {}
     with conn.transaction():
         for start in range(0, len(specs), ENQUEUE_CHUNK):
             chunk = specs[start:start + ENQUEUE_CHUNK]
             rows = loadtest.enqueue_chunk(conn, queue, kinds=[s.kind for s in chunk],
                                           payloads=[Jsonb(s.payload) for s in chunk],
                                           attempts=[s.max_attempts for s in chunk],
-                                          reclaims=[s.max_reclaims for s in chunk])
+                                          reclaims=[s.max_reclaims for s in chunk],
+                                          keys=[s.concurrency_key for s in chunk])
             for row in rows:
-                ids[row.id] = chunk[row.n - 1].mix
+                ids[row.id] = chunk[row.n - 1]
     return ids
 
 
-
+def attempts(conn: psycopg.Connection[Any], ids: list[int]) -> list[dict[str, Any]]:
+    """The recorded attempts of the jobs ``ids`` (pgfence.job_attempts), as
+    the audit reads them (by column name)."""
+    return [row._asdict() for row in loadtest.attempts(conn, ids)] if ids else []
 
 
 def jobs(conn: psycopg.Connection[Any], queue: str) -> list[dict[str, Any]]:
