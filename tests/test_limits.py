@@ -98,6 +98,19 @@ def test_a_kind_limit_and_a_per_key_limit_together(conn):
     assert held(conn) == {ids[1]: None, ids[2]: None, ids[3]: "concurrency"}
 
 
+def test_a_kind_and_per_key_limit_admit_round_robin_across_keys_past_a_long_backlog(conn):
+    """A key with 600 jobs held neither blocks the others (the first 500
+    held jobs were all of it) nor takes the kind's slots first: one job of
+    every key with room, then the second of any."""
+    limit(conn, "sync", concurrency=4, per_key=2)
+    ids = pgfence.enqueue_many(conn, [{"kind": "sync", "concurrency_key": "a"}] * 600
+                               + [{"kind": "sync", "concurrency_key": "b"}]
+                               + [{"kind": "sync", "concurrency_key": "c"}] * 3)
+    a, b, c = ids[:600], ids[600], ids[601:]
+    admitted = sorted(i for i, h in held(conn).items() if h is None)
+    assert admitted == sorted([a[0], b, c[0], a[1]])
+
+
 def test_every_way_out_of_running_frees_the_slot(conn):
     """Failure, retry, release, put-back, cancel and a reclaim's verdict each
     free the slot in their own transaction; a reclaim hands it on."""
@@ -194,9 +207,9 @@ def test_declared_limits_are_recorded_and_a_run_time_setting_wins(conn):
     limit(conn, "export", concurrency=5)
     assert conn.execute("SELECT concurrency, per_key_concurrency FROM pgfence.limits").fetchone() == (5, 1)
     admin.reset(conn, "export", by="test")
-    # A handler that no longer declares them: its row's declared limits go.
+    # A handler that no longer declares them: with none set either, its row goes.
     kinds.register(conn, [HandlerSpec("export", print)], by="w1")
-    assert conn.execute("SELECT concurrency, per_key_concurrency FROM pgfence.limits").fetchone() == (None, None)
+    assert scalar(conn, "SELECT count(*) FROM pgfence.limits") == 0
 
 
 def test_enqueue_many_and_sql_carry_the_key(conn):
@@ -345,3 +358,13 @@ def test_a_bad_rate_is_refused_before_anything_is_written(conn, rate):
     with pytest.raises(ConfigError, match=r"^handler 'mail': invalid rate: must be starts per period"):
         pgfence.handler("mail", rate=rate)
     assert scalar(conn, "SELECT count(*) FROM pgfence.limits") == 0
+
+
+def test_a_new_rate_starts_afresh_not_on_the_old_rates_schedule(conn):
+    admin.set_limits(conn, "mail", rate="5/2h", by="test")       # one start every 24 minutes
+    first, second = pgfence.enqueue(conn, "mail"), pgfence.enqueue(conn, "mail")
+    assert [r.id for r in claim(conn)] == [first]
+    assert limits_store.admit_due(conn) == 0 and held(conn)[second] == "concurrency"
+    admin.set_limits(conn, "mail", rate="10/min", by="test")
+    # Admitted at once by the change (a full burst of the new rate), not in 24 minutes.
+    assert held(conn)[second] is None

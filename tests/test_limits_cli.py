@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from pgtools import env_for, pgfence, scalar, spawn
+import pgfence as pgfence_api
 from pgfence import enqueue
 from pgfence.store import jobs as jobs_store
 
@@ -182,10 +183,13 @@ def test_a_kind_without_a_handler_limit_is_free_again_after_reset(dsn, conn):
     out, err, code, pid = limits_cli(dsn, "reset", "noop")
     assert (code, err) == (0, "")
     assert out == table(
-        "noop                               -        -         -        0        0        0         0  handler")
-    assert limits_rows(conn) == [("noop", None, None, None, None, None, None, by(pid))]
+        "noop                               -        -         -        0        0        0         0  none")
+    # No limit is left on it, declared or set: its row goes.
+    assert limits_rows(conn) == []
     # No limit applies any more: every job ungated and claimable.
     assert held_back(conn, "noop") == [(i, False, None) for i in ids]
+    out, err, code, pid = limits_cli(dsn, "reset", "noop")
+    assert (out, err, code) == ("", "pgfence: error: kind 'noop' has no limits to reset\n", 2)
 
 
 def test_show_counts_running_admitted_waiting_scheduled_and_keys(dsn, conn):
@@ -238,9 +242,8 @@ def test_a_rate_set_and_reset(dsn, conn):
     out, err, code, pid = limits_cli(dsn, "reset", "webhook")
     assert (code, err) == (0, "")
     assert out == table(
-        "webhook                            -        -         -        0        0        0         0  handler")
-    assert conn.execute("SELECT set_rate_count, set_rate_period, rate_count, rate_period FROM pgfence.limits "
-                        "WHERE kind = 'webhook'").fetchone() == (None, None, None, None)
+        "webhook                            -        -         -        0        0        0         0  none")
+    assert conn.execute("SELECT count(*) FROM pgfence.limits WHERE kind = 'webhook'").fetchone() == (0,)
     assert held_back(conn, "webhook") == [(first, False, None), (second, False, None)]
 
 
@@ -308,3 +311,18 @@ def test_bad_input_is_one_line_and_leaves_the_limits_as_they_were(dsn, conn):
             failures[" ".join(args)] = (proc.returncode, out, err)
     assert failures == {}
     assert snapshot() == before
+
+
+def test_enqueue_takes_a_concurrency_key(dsn, conn):
+    limits_cli(dsn, "set", "sync", "--per-key", "1")
+    ids = []
+    for key in ("customer:1", "customer:1", "customer:2"):
+        out = pgfence("enqueue", "sync", "--any-kind", "--concurrency-key", key, dsn=dsn)
+        assert (out.returncode, out.stderr) == (0, ""), out.stderr
+        ids.append(int(out.stdout))
+    assert held_back(conn, "sync") == [(ids[0], True, None), (ids[1], True, "concurrency"), (ids[2], True, None)]
+    assert [pgfence_api.get_job(conn, i).concurrency_key for i in ids] == ["customer:1", "customer:1", "customer:2"]
+    out = pgfence("enqueue", "sync", "--any-kind", "--concurrency-key", "x" * 201, dsn=dsn)
+    assert (out.returncode, out.stdout, out.stderr) == (
+        2, "", "pgfence: error: invalid concurrency key: at most 200 characters, got 201\n")
+    assert len(held_back(conn, "sync")) == 3

@@ -134,10 +134,8 @@ DECLARE
     v_conc    integer;
     v_per_key integer;
     v_free    integer;
-    v_used    integer;
-    v_queue   text;
     v_n       integer := 0;
-    v_cand    record;
+    v_keys    text[];
     v_limit   record;
     v_rate    record;
 BEGIN
@@ -210,28 +208,60 @@ BEGIN
         RETURN v_n;
     END IF;
 
-    -- A kind limit and a per-key limit: the next held jobs whose key has a
-    -- slot free too (the first 500 looked at; the next exit or admit_due
-    -- looks again).  Under the kind's lock no other admission of the kind
-    -- runs; a key's lock is taken too, for one that admits under it alone.
-    FOR v_cand IN SELECT id, concurrency_key FROM pgfence.jobs
-                   WHERE kind = p_kind AND held_back = 'concurrency'
-                   ORDER BY priority DESC, run_at, id
-                   LIMIT 500
-                     FOR UPDATE SKIP LOCKED
-    LOOP
-        EXIT WHEN v_free <= 0;
-        IF v_cand.concurrency_key IS NOT NULL THEN
-            PERFORM pgfence.lock_key(p_kind, v_cand.concurrency_key);
-            SELECT count(*) INTO v_used FROM pgfence.jobs
-             WHERE kind = p_kind AND concurrency_key = v_cand.concurrency_key AND gated AND held_back IS NULL;
-            CONTINUE WHEN v_used >= v_per_key;
-        END IF;
-        UPDATE pgfence.jobs SET held_back = NULL WHERE id = v_cand.id RETURNING queue INTO v_queue;
-        PERFORM pg_notify('pgfence_jobs', v_queue);
-        v_free := v_free - 1;
-        v_n := v_n + 1;
-    END LOOP;
+    -- A kind limit and a per-key limit.  The keys that have jobs held are
+    -- walked down jobs_held_key_idx (one descent each; at most 1,000 keys
+    -- an admission, the next exit or admit_due goes on), their locks taken
+    -- in hash order (for admissions under a key alone), each key's free
+    -- slots counted, and its next held jobs up to them taken; of those, the
+    -- first of every key goes before the second of any (round robin across
+    -- the keys: a key with a long backlog does not starve the others), in
+    -- priority, run_at, id order within a round.  Held jobs without a key
+    -- have the kind's limit alone.  Under the kind's lock no other
+    -- admission of the kind runs.
+    WITH RECURSIVE keys AS (
+        (SELECT concurrency_key AS key FROM pgfence.jobs
+          WHERE kind = p_kind AND held_back = 'concurrency' AND concurrency_key IS NOT NULL
+          ORDER BY concurrency_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.concurrency_key FROM pgfence.jobs j
+                 WHERE j.kind = p_kind AND j.held_back = 'concurrency' AND j.concurrency_key > k.key
+                 ORDER BY j.concurrency_key LIMIT 1)
+          FROM keys k
+         WHERE k.key IS NOT NULL
+    )
+    SELECT array_agg(key) INTO v_keys FROM (SELECT key FROM keys WHERE key IS NOT NULL LIMIT 1000) AS walked;
+    PERFORM pg_advisory_xact_lock(hashtext(p_kind), h)
+       FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(v_keys) AS k ORDER BY 1) AS locks;
+    WITH keyed AS (
+        SELECT c.id, c.priority, c.run_at, c.id_n AS n
+          FROM (SELECT k.key, v_per_key - (SELECT count(*) FROM pgfence.jobs j
+                                            WHERE j.kind = p_kind AND j.concurrency_key = k.key
+                                              AND j.gated AND j.held_back IS NULL) AS free
+                  FROM unnest(v_keys) AS k(key)) AS f
+         CROSS JOIN LATERAL (
+            SELECT s.id, s.priority, s.run_at, row_number() OVER () AS id_n
+              FROM (SELECT id, priority, run_at FROM pgfence.jobs
+                     WHERE kind = p_kind AND concurrency_key = f.key AND held_back = 'concurrency'
+                     ORDER BY priority DESC, run_at, id
+                     LIMIT v_per_key
+                       FOR UPDATE SKIP LOCKED) AS s) AS c
+         WHERE c.id_n <= f.free
+    ), keyless AS (
+        SELECT s.id, s.priority, s.run_at, row_number() OVER () AS n
+          FROM (SELECT id, priority, run_at FROM pgfence.jobs
+                 WHERE kind = p_kind AND concurrency_key IS NULL AND held_back = 'concurrency'
+                 ORDER BY priority DESC, run_at, id
+                 LIMIT v_free
+                   FOR UPDATE SKIP LOCKED) AS s
+    ), picked AS (
+        SELECT id FROM (SELECT * FROM keyed UNION ALL SELECT * FROM keyless) AS c
+         ORDER BY n, priority DESC, run_at, id
+         LIMIT v_free
+    ), admitted AS (
+        UPDATE pgfence.jobs SET held_back = NULL WHERE id IN (SELECT id FROM picked)
+        RETURNING queue)
+    SELECT coalesce(sum(q.n), 0)::integer INTO v_n
+      FROM (SELECT queue, count(*) AS n FROM admitted GROUP BY queue) q, pg_notify('pgfence_jobs', q.queue);
     PERFORM pgfence.rate_spent(p_kind, v_limit.rate_count, v_limit.rate_period, v_limit.rate_tat, v_n);
     RETURN v_n;
 END;

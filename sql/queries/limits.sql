@@ -17,6 +17,10 @@ SELECT t.kind, t.concurrency, t.per_key, t.rate_count, t.rate_period, %(by)s
 ON CONFLICT (kind) DO UPDATE
    SET declared_concurrency = EXCLUDED.declared_concurrency, declared_per_key = EXCLUDED.declared_per_key,
        declared_rate_count = EXCLUDED.declared_rate_count, declared_rate_period = EXCLUDED.declared_rate_period,
+       -- A new rate starts with a full burst, not the old one's schedule.
+       rate_tat = CASE WHEN (l.declared_rate_count, l.declared_rate_period)
+                            IS DISTINCT FROM (EXCLUDED.declared_rate_count, EXCLUDED.declared_rate_period)
+                       THEN NULL ELSE l.rate_tat END,
        updated_at = now(), updated_by = EXCLUDED.updated_by
  WHERE (l.declared_concurrency, l.declared_per_key, l.declared_rate_count, l.declared_rate_period)
        IS DISTINCT FROM (EXCLUDED.declared_concurrency, EXCLUDED.declared_per_key, EXCLUDED.declared_rate_count,
@@ -34,6 +38,7 @@ ON CONFLICT (kind) DO UPDATE
        set_per_key = coalesce(EXCLUDED.set_per_key, l.set_per_key),
        set_rate_count = coalesce(EXCLUDED.set_rate_count, l.set_rate_count),
        set_rate_period = coalesce(EXCLUDED.set_rate_period, l.set_rate_period),
+       rate_tat = CASE WHEN EXCLUDED.set_rate_count IS NOT NULL THEN NULL ELSE l.rate_tat END,
        updated_at = now(), updated_by = EXCLUDED.updated_by
 RETURNING kind, concurrency, per_key_concurrency;
 
@@ -42,9 +47,17 @@ RETURNING kind, concurrency, per_key_concurrency;
 -- again.  The kind comes back if it had a row.
 UPDATE pgfence.limits
    SET set_concurrency = NULL, set_per_key = NULL, set_rate_count = NULL, set_rate_period = NULL,
-       updated_at = now(), updated_by = %(by)s
+       rate_tat = NULL, updated_at = now(), updated_by = %(by)s
  WHERE kind = %(kind)s
 RETURNING kind, concurrency, per_key_concurrency;
+
+-- name: limits_forget
+-- Drop a kind's row once it has no limit left, declared or set (after
+-- limits_gate freed its jobs): the kind no longer shows among the limits.
+DELETE FROM pgfence.limits
+ WHERE kind = %(kind)s
+   AND declared_concurrency IS NULL AND declared_per_key IS NULL AND declared_rate_count IS NULL
+   AND set_concurrency IS NULL AND set_per_key IS NULL AND set_rate_count IS NULL;
 
 -- name: limits_gate
 -- Gate the live jobs of a kind whose limits changed, and admit what the
@@ -52,7 +65,7 @@ RETURNING kind, concurrency, per_key_concurrency;
 SELECT pgfence.gate(%(kind)s);
 
 -- name: limits_list
--- Every kind with a limit, or with jobs still gated: the limits in force
+-- Every kind with a limit: the limits in force
 -- (and where they come from), the slots held (running, and admitted but not
 -- yet claimed) and the jobs waiting, by reason.
 SELECT l.kind, l.concurrency, l.per_key_concurrency, l.declared_concurrency, l.declared_per_key,

@@ -71,7 +71,16 @@ def reset(conn: psycopg.Connection, kind: str, *, by: str = "cli") -> dict[str, 
         if store.reset(conn, kind, by=by) is None:
             raise ConfigError(f"kind {kind!r} has no limits to reset")
         store.gate(conn, kind)
+        if store.forget(conn, kind):   # none left: its handler declares none
+            return _unlimited(kind)
     return _found(conn, kind)
+
+
+def _unlimited(kind: str) -> dict[str, Any]:
+    """The listing of a kind without limits (its row dropped)."""
+    none = {"concurrency": None, "per_key_concurrency": None, "rate": None}
+    return {"kind": kind, **none, "declared": dict(none), "set": dict(none), "running": 0, "admitted": 0,
+            "waiting": 0, "scheduled": 0, "keys": 0, "updated_at": None, "updated_by": None}
 
 
 def _found(conn: psycopg.Connection, kind: str) -> dict[str, Any]:

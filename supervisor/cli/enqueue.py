@@ -9,7 +9,7 @@ import json
 import sys
 from typing import Any
 
-from pgfence import registry
+from pgfence import limits, registry
 from pgfence import settings as settings_mod
 from pgfence.cli.common import command_settings, connect
 from pgfence.errors import ConfigError, UnknownHandler
@@ -66,6 +66,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     settings = command_settings(args)
     registry.load(settings.handlers)
     delay = settings_mod.parse_duration("--delay", args.delay) if args.delay is not None else None
+    limits.check_key(args.concurrency_key)   # before connecting: one line, nothing written
     run_at = parse_time(args.run_at) if args.run_at else None
     _dsn_value, conn = connect(args)
     with conn:
@@ -77,6 +78,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                                  "either (--any-kind enqueues it anyway)")
         job_id = enqueue(conn, args.kind, payload, queue=args.queue, priority=args.priority,
                          run_at=run_at, delay=delay, max_attempts=args.max_attempts,
-                         max_reclaims=args.max_reclaims, dedupe_key=args.dedupe_key)
+                         max_reclaims=args.max_reclaims, dedupe_key=args.dedupe_key,
+                         concurrency_key=args.concurrency_key)
     print(job_id)
     return 0

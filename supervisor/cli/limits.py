@@ -26,7 +26,8 @@ def _print(rows: list[dict[str, Any]]) -> None:
     print(f"{'kind':<24} {'concurrency':>11} {'per key':>8} {'rate':>9} {'running':>8} {'admitted':>8} "
           f"{'waiting':>8} {'scheduled':>9}  source")
     for r in rows:
-        source = "set" if any(v is not None for v in r["set"].values()) else "handler"
+        source = ("set" if any(v is not None for v in r["set"].values())
+                  else "handler" if any(v is not None for v in r["declared"].values()) else "none")
         print(f"{errortext.one_line(r['kind']):<24} {_value(r['concurrency']):>11} "
               f"{_value(r['per_key_concurrency']):>8} {r['rate'] or '-':>9} {r['running']:>8} {r['admitted']:>8} "
               f"{r['waiting']:>8} "

@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reclaims after which the job is quarantined as failed (default: the kind's, else 3)")
     p.add_argument("--dedupe-key", metavar="KEY",
                    help="while a job of this kind with this key is queued or running, print its id instead")
+    p.add_argument("--concurrency-key", metavar="KEY",
+                   help="the key the kind's per-key concurrency limit counts the job under (pgfence limits)")
     config_option(p)
     setting_options(p, "enqueue")
     p.add_argument("--any-kind", action="store_true",

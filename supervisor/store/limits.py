@@ -72,6 +72,11 @@ def gate(conn: psycopg.Connection[Any], kind: str) -> int:
     return int(row[0]) if row and row[0] is not None else 0
 
 
+def forget(conn: psycopg.Connection[Any], kind: str) -> bool:
+    """Drop ``kind``'s row if no limit is left on it; whether it was."""
+    return conn.execute(q("limits_forget"), {"kind": kind}).rowcount > 0
+
+
 def list_limits(conn: psycopg.Connection[Any]) -> list[LimitRow]:
     """Every kind with a limits row, with its use."""
     found = []

@@ -58,6 +58,7 @@ def register(conn: psycopg.Connection, specs: Iterable[HandlerSpec], *, by: str)
                                        [s.per_key_concurrency for s in specs], rates, by=by)
         for kind in limited:
             limits_store.gate(conn, kind)
+            limits_store.forget(conn, kind)   # a handler that declares none any more
     return sorted(set(changed) | set(limited))
 
 
