@@ -201,7 +201,8 @@ def test_a_fresh_migrate_creates_pgfence_tables_only_and_the_examples_create_the
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert _tables(conn) == [("pgfence", "bulk_actions"), ("pgfence", "job_attempts"), ("pgfence", "job_history"),
                                  ("pgfence", "jobs"),
-                                 ("pgfence", "kinds"), ("pgfence", "migrations"), ("pgfence", "queue_pauses"),
+                                 ("pgfence", "kinds"), ("pgfence", "limits"), ("pgfence", "migrations"),
+                                 ("pgfence", "queue_pauses"),
                                  ("pgfence", "schedule_ticks"), ("pgfence", "schedules"), ("pgfence", "supervisors")]
         assert scalar(conn, "SELECT count(*) FROM pg_namespace WHERE nspname = 'pgfence_examples'") == 0
         # 0002 is recorded (its file stays, empty) so that versions have no gap.
@@ -211,7 +212,8 @@ def test_a_fresh_migrate_creates_pgfence_tables_only_and_the_examples_create_the
             tables.create_tables(conn)
         assert _tables(conn) == [("pgfence", "bulk_actions"), ("pgfence", "job_attempts"), ("pgfence", "job_history"),
                                  ("pgfence", "jobs"),
-                                 ("pgfence", "kinds"), ("pgfence", "migrations"), ("pgfence", "queue_pauses"),
+                                 ("pgfence", "kinds"), ("pgfence", "limits"), ("pgfence", "migrations"),
+                                 ("pgfence", "queue_pauses"),
                                  ("pgfence", "schedule_ticks"), ("pgfence", "schedules"), ("pgfence", "supervisors"),
                                  ("pgfence_examples", "effects"),
                                  ("pgfence_examples", "receipts")]
