@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 
 from pgfence import names
+from pgfence.admin.limits import rate_text
 from pgfence.store import admin as store
 from pgfence.store import db, operations
 from pgfence.store import limits as limits_store
@@ -33,8 +34,9 @@ def history_sample_percent(estimate: float, exact_rows: int = EXACT_HISTORY_ROWS
 def status(conn: psycopg.Connection) -> dict[str, Any]:
     """Counts per queue and status (finished ones estimated from a sample
     when history is large: ``estimated`` says so), every running job with
-    its lease, and, when any kind has concurrency limits, ``limits``: per
-    kind the limits in force, the slots in use and the jobs waiting."""
+    its lease, and, when any kind has concurrency or rate limits,
+    ``limits``: per kind the limits in force, the slots in use and the jobs
+    waiting."""
     with db.translated():
         counts: dict[str, dict[str, int]] = {}
         percent = history_sample_percent(store.history_estimate(conn), EXACT_HISTORY_ROWS)
@@ -54,11 +56,13 @@ def status(conn: psycopg.Connection) -> dict[str, Any]:
 
 def limit_use(row: limits_store.LimitRow) -> dict[str, Any]:
     """One kind's line of ``status``'s limits: its limits in force (None:
-    none), the slots held (running and admitted) and the jobs held back
-    (waiting for a slot, and held until their run_at)."""
+    none; the rate as written, ``100/s``), the slots held (running and
+    admitted) and the jobs held back (waiting for a slot or the rate, and
+    held until their run_at)."""
+    rate = None if row.rate_count is None or row.rate_period is None else (row.rate_count, row.rate_period)
     return {"kind": row.kind, "concurrency": row.concurrency, "per_key_concurrency": row.per_key_concurrency,
-            "in_use": row.running + row.admitted, "running": row.running, "admitted": row.admitted,
-            "waiting": row.waiting, "scheduled": row.scheduled}
+            "rate": rate_text(rate), "in_use": row.running + row.admitted, "running": row.running,
+            "admitted": row.admitted, "waiting": row.waiting, "scheduled": row.scheduled}
 
 
 def failed(conn: psycopg.Connection, *, limit: int = 20, queue: str | None = None,

@@ -1,5 +1,5 @@
-"""The commands that read: ``pgfence status`` (with the concurrency limits'
-use), ``failed`` and ``periodic`` (tables for a terminal, or JSON), and
+"""The commands that read: ``pgfence status`` (with the concurrency and rate
+limits' use), ``failed`` and ``periodic`` (tables for a terminal, or JSON), and
 ``dsn``."""
 
 from __future__ import annotations
@@ -56,19 +56,20 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def limits_table(rows: list[dict[str, Any]]) -> list[str]:
-    """``status``'s table of concurrency limits: per kind the limit and the
-    per-key limit in force ("-": none), the slots in use (running and
-    admitted), the jobs waiting for a slot and those held until their
-    run_at (as ``pgfence limits show`` counts them)."""
-    def shown(value: int | None) -> str:
+    """``status``'s table of concurrency and rate limits: per kind the
+    limit, the per-key limit and the rate in force ("-": none), the slots in
+    use (running and admitted), the jobs waiting for a slot or the rate and
+    those held until their run_at (as ``pgfence limits show`` counts
+    them)."""
+    def shown(value: int | str | None) -> str:
         return "-" if value is None else str(value)
 
-    lines = [f"{'kind':<24} {'limit':>8} {'per key':>8} {'in use':>8} {'waiting':>8} {'scheduled':>9}"]
+    lines = [f"{'kind':<24} {'limit':>8} {'per key':>8} {'rate':>10} {'in use':>8} {'waiting':>8} {'scheduled':>9}"]
     for r in rows:
         # A kind comes from a producer or a handler: escaped for the terminal.
         lines.append(f"{errortext.one_line(r['kind']):<24} {shown(r['concurrency']):>8} "
-                     f"{shown(r['per_key_concurrency']):>8} {r['in_use']:>8} {r['waiting']:>8} "
-                     f"{r['scheduled']:>9}")
+                     f"{shown(r['per_key_concurrency']):>8} {shown(r.get('rate')):>10} {r['in_use']:>8} "
+                     f"{r['waiting']:>8} {r['scheduled']:>9}")
     return lines
 
 

@@ -115,9 +115,10 @@ PERIODIC_CLOCK_SKEW = Gauge("pgfence_periodic_host_clock_skew_seconds",
                             "The host's clock minus the database's, as the scheduler last read them (ticks "
                             "follow the database's clock alone).", multiprocess_mode="livemostrecent")
 
-# Concurrency limits (migration 0017), refreshed by the metrics server with
-# the queue gauges (one query: limits_list in sql/queries/limits.sql).  One
-# series per kind with a limits row, never one per concurrency key.
+# Concurrency and rate limits (migration 0017), refreshed by the metrics
+# server with the queue gauges (one query: limits_list in
+# sql/queries/limits.sql).  One series per kind with a limits row, never one
+# per concurrency key.
 LIMIT_SLOTS_IN_USE = Gauge("pgfence_limit_slots_in_use",
                            "Slots of the kind's limits held now: its gated jobs running (an expired lease "
                            "included, until a reclaim takes the job) or admitted and not yet claimed.",
@@ -129,9 +130,13 @@ LIMIT_PER_KEY_CONCURRENCY = Gauge("pgfence_limit_per_key_concurrency",
                                   "The kind's per-key concurrency limit in force (jobs of one concurrency key at "
                                   "once): set at run time, else declared by its handler; 0 if it has none.",
                                   ["kind"], multiprocess_mode="livemax")
+LIMIT_RATE = Gauge("pgfence_limit_rate_per_second",
+                   "The kind's rate in force, in job starts a second (its starts over its period: 10/min reads "
+                   "0.1667): set at run time, else declared by its handler; 0 if it has none.", ["kind"],
+                   multiprocess_mode="livemax")
 JOBS_HELD_BACK = Gauge("pgfence_jobs_held_back",
-                       "Queued jobs a concurrency limit holds back, by kind and reason: concurrency (waiting for "
-                       "a slot) or scheduled (held until its run_at).", ["kind", "reason"],
+                       "Queued jobs a concurrency or rate limit holds back, by kind and reason: concurrency "
+                       "(waiting for a slot or for the rate) or scheduled (held until its run_at).", ["kind", "reason"],
                        multiprocess_mode="livemax")
 
 #: The outcomes of a tick, as used in the ``outcome`` label.

@@ -9,7 +9,7 @@ It serves, on the socket the arbiter bound before any fork:
 - ``/readyz``: 200 when the database answers and the workers are up.
 
 It also refreshes the ``pgfence_queue_*`` gauges, the vacuum ones
-(:mod:`pgfence.observe.vacuum`) and the concurrency limits' ones
+(:mod:`pgfence.observe.vacuum`) and the concurrency and rate limits' ones
 (:mod:`pgfence.observe.limits`) at an interval, so that one process, not
 every scrape of every child, counts the jobs table.  Serving
 from a child keeps the arbiter free of threads.

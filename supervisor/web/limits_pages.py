@@ -1,14 +1,15 @@
-"""The Limits page: every kind with concurrency limits, the limits in force
-and where they come from, the slots held and the jobs held back; and its
-forms, which set a kind's limits at run time or reset them to its
+"""The Limits page: every kind with concurrency or rate limits, the limits
+in force and where they come from, the slots held and the jobs held back;
+and its forms, which set a kind's limits at run time or reset them to its
 handler's declaration (:mod:`pgfence.admin.limits`, as ``pgfence limits
 set`` and ``reset`` do, in one transaction that gates the kind's jobs
 again).
 
 Bad input (a kind that is no kind name, a limit that is no whole number
-from 1 up, no limit at all) is refused before anything is written: the page
-comes back with one line saying why (400).  Forms, escaping and the
-password are the other pages' (:class:`pgfence.web.views.Views`).
+from 1 up, a rate that :func:`pgfence.limits.parse_rate` refuses, no limit
+at all) is refused before anything is written: the page comes back with one
+line saying why (400).  Forms, escaping and the password are the other
+pages' (:class:`pgfence.web.views.Views`).
 """
 
 from __future__ import annotations
@@ -47,34 +48,58 @@ def form_limit(value: object, what: str) -> int | None:
     return limits.check_limit(int(text), what)
 
 
-def parse_set(form: Mapping[str, Any]) -> tuple[str, int | None, int | None]:
-    """(kind, concurrency, per-key concurrency) of the set form; ConfigError
-    with one line on bad input."""
+def form_rate(value: object) -> str | None:
+    """A rate typed in the form (``100/s``, ``10/min``): None when left
+    empty, else the text, once :func:`pgfence.limits.parse_rate` takes it;
+    ConfigError otherwise."""
+    text = value.strip() if isinstance(value, str) else ""
+    if not text:
+        return None
+    limits.parse_rate(text, "rate")
+    return text
+
+
+def parse_set(form: Mapping[str, Any]) -> tuple[str, int | None, int | None, str | None]:
+    """(kind, concurrency, per-key concurrency, rate) of the set form;
+    ConfigError with one line on bad input."""
     raw = form.get("kind")
     text = raw.strip() if isinstance(raw, str) else ""
     if not text:
         raise ConfigError("give the kind whose limits to set")
     kind = names.check(text, "kind")
     concurrency, per_key = (form_limit(form.get(field), what) for field, what in LIMIT_FIELDS)
-    if concurrency is None and per_key is None:
-        raise ConfigError("give a concurrency, a per-key concurrency, or both")
-    return kind, concurrency, per_key
+    rate = form_rate(form.get("rate"))
+    if concurrency is None and per_key is None and rate is None:
+        raise ConfigError("give a concurrency, a per-key concurrency, a rate, or several")
+    return kind, concurrency, per_key, rate
 
 
 def source(row: limits_store.LimitRow) -> str:
     """Where a kind's limits in force come from: ``set`` at run time (which
     wins until reset), its ``handler``'s declaration, or ``none``."""
-    if row.set_concurrency is not None or row.set_per_key is not None:
+    if row.set_concurrency is not None or row.set_per_key is not None or row.set_rate is not None:
         return "set"
-    if row.declared_concurrency is not None or row.declared_per_key is not None:
+    if row.declared_concurrency is not None or row.declared_per_key is not None or row.declared_rate is not None:
         return "handler"
     return "none"
 
 
-def described(concurrency: int | None, per_key: int | None) -> str:
+def rate_in_force(row: limits_store.LimitRow) -> str | None:
+    """The kind's rate in force as it is written (``100/s``); None: none."""
+    if row.rate_count is None or row.rate_period is None:
+        return None
+    return admin.rate_text((row.rate_count, row.rate_period))
+
+
+def described(concurrency: int | None, per_key: int | None, rate: str | None) -> str:
     """Limits as the flash message and the page write them."""
     return (f"concurrency {'-' if concurrency is None else concurrency}, "
-            f"per key {'-' if per_key is None else per_key}")
+            f"per key {'-' if per_key is None else per_key}, rate {rate or '-'}")
+
+
+def declared(row: limits_store.LimitRow) -> str:
+    """What the kind's handler declares, as the page writes it."""
+    return described(row.declared_concurrency, row.declared_per_key, admin.rate_text(row.declared_rate))
 
 
 class LimitPages:
@@ -98,7 +123,7 @@ class LimitPages:
 
         data = await self.views.read(load)
         return self.views.render(request, "limits.html", status=status, problem=problem, entered=entered or {},
-                                 source=source, **data)
+                                 source=source, rate_in_force=rate_in_force, declared=declared, **data)
 
     async def listing(self, request: Request) -> Response:
         return await self._page(request)
@@ -111,17 +136,17 @@ class LimitPages:
 
     async def set(self, request: Request) -> Response:
         form = await self.views.form(request)
-        entered = {name: value for name in ("kind", "concurrency", "per_key")
+        entered = {name: value for name in ("kind", "concurrency", "per_key", "rate")
                    if isinstance(value := form.get(name), str)}
         try:
-            kind, concurrency, per_key = parse_set(form)
+            kind, concurrency, per_key, rate = parse_set(form)
         except ConfigError as exc:
             return await self._page(request, status=400, problem=str(exc), entered=entered)
         by = self.who(request)
         row = await self.views.read(lambda conn: admin.set_limits(
-            conn, kind, concurrency=concurrency, per_key_concurrency=per_key, by=by))
+            conn, kind, concurrency=concurrency, per_key_concurrency=per_key, rate=rate, by=by))
         return self.views.redirect(request, "/limits", f"set the limits of kind {kind}: "
-                                   + described(row["concurrency"], row["per_key_concurrency"]))
+                                   + described(row["concurrency"], row["per_key_concurrency"], row["rate"]))
 
     async def reset(self, request: Request) -> Response:
         form = await self.views.form(request)
@@ -136,4 +161,4 @@ class LimitPages:
         except ConfigError as exc:
             return await self._page(request, status=400, problem=str(exc))
         return self.views.redirect(request, "/limits", f"reset the limits of kind {kind} to its handler's: "
-                                   + described(row["concurrency"], row["per_key_concurrency"]))
+                                   + described(row["concurrency"], row["per_key_concurrency"], row["rate"]))
