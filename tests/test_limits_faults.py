@@ -55,6 +55,7 @@ import psycopg
 import pytest
 
 import pgfence
+from pgfence.store import limits as limits_store
 from pgtools import env_for, pgfence as run_cli, scalar, state, wait_for
 from supervisors import Supervisor, supervisor_fixture
 
@@ -925,12 +926,11 @@ def test_two_transactions_in_random_interleavings_never_admit_past_the_limit(dsn
 
 # -- known faults of the admission (migration 0017), kept as strict xfails ------------------
 
-SNAPSHOT_FAULT = ("0017's admission counts the holders with the transaction's snapshot: under REPEATABLE READ or "
-                  "SERIALIZABLE that snapshot is older than the limit's lock, so admissions committed since are "
-                  "not counted")
+# A transaction at REPEATABLE READ or SERIALIZABLE counted the holders with its own snapshot, older than the
+# limit's lock (3 holders under a limit of 2; a completion's COMMIT failing with 40001); it now leaves its
+# admissions to the next admit_due, in READ COMMITTED (pgfence.admit_pending).
 
 
-@pytest.mark.xfail(strict=True, reason=SNAPSHOT_FAULT)
 @pytest.mark.parametrize("isolation", ["REPEATABLE_READ", "SERIALIZABLE"])
 def test_an_enqueue_in_a_repeatable_read_transaction_admits_within_the_limit(dsn, conn, isolation):
     """5. concurrency=2 and one holder; a producer's transaction at
@@ -950,12 +950,12 @@ def test_an_enqueue_in_a_repeatable_read_transaction_admits_within_the_limit(dsn
         assert sql_use(conn) == (2, {}, 0)
         with contextlib.suppress(psycopg.errors.SerializationFailure):
             producer.commit()
-    assert sql_use(conn)[0] <= 2, conn.execute("SELECT id, held_back FROM pgfence.jobs ORDER BY id").fetchall()
-    assert pgfence.get_job(conn, late) is None or pgfence.get_job(conn, late).held_back == "concurrency"
+    assert sql_use(conn)[0] == 2, conn.execute("SELECT id, held_back FROM pgfence.jobs ORDER BY id").fetchall()
+    assert pgfence.get_job(conn, late).held_back == "concurrency"
+    assert limits_store.admit_due(conn) == 0          # no slot free: it waits
+    assert sql_use(conn)[0] == 2
 
 
-@pytest.mark.xfail(strict=True, reason=SNAPSHOT_FAULT + "; a held job admitted since is locked at the admission "
-                   "and the completion's COMMIT fails (40001, which a fenced block reports as a fence refusal)")
 def test_a_completion_in_a_repeatable_read_transaction_commits(dsn, conn):
     """5. concurrency=2, two running holders and one job waiting; a
     completion of the first in a REPEATABLE READ transaction (its snapshot
@@ -978,6 +978,8 @@ def test_a_completion_in_a_repeatable_read_transaction_commits(dsn, conn):
             assert store.complete(conn, second, 1)              # admits the waiting job
         assert store.complete(worker, first, 1)
         worker.commit()
+    # Its freed slot is admitted by the next admit_due (a worker's, in READ COMMITTED).
+    assert limits_store.admit_due(conn) == 1
     assert sql_use(conn) == (2, {}, 0)
     assert pgfence.get_job(conn, first).status == "done"
 

@@ -199,8 +199,8 @@ def test_a_fresh_migrate_creates_pgfence_tables_only_and_the_examples_create_the
     out = run_pgfence("migrate", dsn=empty_dsn)
     assert out.returncode == 0, out.stderr
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert _tables(conn) == [("pgfence", "bulk_actions"), ("pgfence", "job_attempts"), ("pgfence", "job_history"),
-                                 ("pgfence", "jobs"),
+        assert _tables(conn) == [("pgfence", "admit_pending"), ("pgfence", "bulk_actions"), ("pgfence", "job_attempts"),
+                                 ("pgfence", "job_history"), ("pgfence", "jobs"),
                                  ("pgfence", "kinds"), ("pgfence", "limits"), ("pgfence", "migrations"),
                                  ("pgfence", "queue_pauses"),
                                  ("pgfence", "schedule_ticks"), ("pgfence", "schedules"), ("pgfence", "supervisors")]
@@ -210,8 +210,8 @@ def test_a_fresh_migrate_creates_pgfence_tables_only_and_the_examples_create_the
             [("handler_tables",)]
         for _ in range(2):                                   # idempotent
             tables.create_tables(conn)
-        assert _tables(conn) == [("pgfence", "bulk_actions"), ("pgfence", "job_attempts"), ("pgfence", "job_history"),
-                                 ("pgfence", "jobs"),
+        assert _tables(conn) == [("pgfence", "admit_pending"), ("pgfence", "bulk_actions"), ("pgfence", "job_attempts"),
+                                 ("pgfence", "job_history"), ("pgfence", "jobs"),
                                  ("pgfence", "kinds"), ("pgfence", "limits"), ("pgfence", "migrations"),
                                  ("pgfence", "queue_pauses"),
                                  ("pgfence", "schedule_ticks"), ("pgfence", "schedules"), ("pgfence", "supervisors"),

@@ -124,6 +124,14 @@ LANGUAGE sql AS $$
     SELECT pg_advisory_xact_lock(hashtext(p_kind), hashtext(p_key));
 $$;
 
+-- The (kind, key) pairs a transaction at REPEATABLE READ or SERIALIZABLE
+-- freed slots of or gated jobs of: it cannot admit them itself (see
+-- admit_noted); the next admit_due does.
+CREATE TABLE pgfence.admit_pending (
+    kind            text NOT NULL,
+    concurrency_key text
+);
+
 -- Admit the held jobs of kind p_kind (and key p_key) that the kind's
 -- limits let run now; returns how many.  Called with the holders' changes
 -- of this transaction made (an exit already deleted or held back).  Each
@@ -349,6 +357,17 @@ BEGIN
         RETURN 0;
     END IF;
     PERFORM set_config('pgfence.admit', '', true);
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        -- A REPEATABLE READ or SERIALIZABLE transaction counts with its own
+        -- snapshot, older than the limit's lock: it would miss admissions
+        -- committed since.  Its pairs go to pgfence.admit_pending instead
+        -- (an insert, which no concurrent change makes fail), for the next
+        -- admit_due of a worker, in READ COMMITTED.
+        INSERT INTO pgfence.admit_pending (kind, concurrency_key)
+        SELECT DISTINCT split_part(line, E'\t', 1), nullif(split_part(line, E'\t', 2), '')
+          FROM regexp_split_to_table(rtrim(v_noted, E'\n'), E'\n') AS line;
+        RETURN 0;
+    END IF;
     FOR v_kind IN SELECT n.kind, l.concurrency IS NOT NULL OR l.rate_count IS NOT NULL AS whole_kind,
                          array_agg(n.key) FILTER (WHERE n.key IS NOT NULL) AS keys
                     FROM (SELECT DISTINCT split_part(line, E'\t', 1) AS kind,
@@ -502,6 +521,13 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_pair record;
 BEGIN
+    -- Pairs a REPEATABLE READ or SERIALIZABLE commit left to admit.
+    FOR v_pair IN
+        WITH taken AS (DELETE FROM pgfence.admit_pending RETURNING kind, concurrency_key)
+        SELECT DISTINCT kind, concurrency_key FROM taken
+    LOOP
+        PERFORM pgfence.note_admit(v_pair.kind, v_pair.concurrency_key);
+    END LOOP;
     FOR v_pair IN
         WITH due AS (
             UPDATE pgfence.jobs SET held_back = 'concurrency'
