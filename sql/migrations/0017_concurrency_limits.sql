@@ -94,6 +94,14 @@ CREATE TABLE pgfence.limits (
                                         AND (set_rate_count IS NULL) = (set_rate_period IS NULL))
 );
 
+-- A rate's burst tolerance in seconds (GCRA's tau): a second's worth of
+-- starts, or the period's if shorter, less the one step that every start
+-- takes anyway.
+CREATE FUNCTION pgfence.rate_tolerance(p_count integer, p_period double precision) RETURNS double precision
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT greatest(0, least(1.0, p_period) - p_period / p_count);
+$$;
+
 -- How many starts a rate lets through now, and the new theoretical arrival
 -- time if that many go (GCRA): one every period/count seconds, with a burst
 -- of up to a second's worth (or the period's, if shorter), so that a rate
@@ -104,7 +112,7 @@ CREATE FUNCTION pgfence.rate_allows(p_count integer, p_period double precision, 
 LANGUAGE plpgsql AS $$
 DECLARE
     v_step  double precision := p_period / p_count;
-    v_tau   double precision := greatest(0, least(1.0, p_period) - p_period / p_count);
+    v_tau   double precision := pgfence.rate_tolerance(p_count, p_period);
     v_now   timestamptz := clock_timestamp();
     v_start timestamptz := greatest(coalesce(p_tat, v_now), v_now);
     v_room  double precision := extract(epoch FROM v_now - v_start) + v_tau;
@@ -189,8 +197,7 @@ BEGIN
         -- A rate counts starts: jobs admitted and not claimed yet (no
         -- worker free, or none running) take from its burst, so that no
         -- more than a burst of them can start at once when workers come.
-        SELECT least(v_free, floor(greatest(0, least(1.0, v_limit.rate_period)
-                                                - v_limit.rate_period / v_limit.rate_count)
+        SELECT least(v_free, floor(pgfence.rate_tolerance(v_limit.rate_count, v_limit.rate_period)
                                     / (v_limit.rate_period / v_limit.rate_count))::integer + 1 - count(*))
           INTO v_free
           FROM pgfence.jobs WHERE kind = p_kind AND gated AND held_back IS NULL AND status = 'queued';

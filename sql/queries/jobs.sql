@@ -417,7 +417,7 @@ WITH mine AS (
     UPDATE pgfence.limits l
        SET rate_tat = greatest(coalesce(l.rate_tat, now()),
                                now() + make_interval(secs => %(delay)s::float8
-                                   + greatest(0, least(1.0, l.rate_period) - l.rate_period / l.rate_count)))
+                                   + pgfence.rate_tolerance(l.rate_count, l.rate_period)))
       FROM put_back p
      WHERE l.kind = p.kind AND l.rate_count IS NOT NULL
     RETURNING l.kind

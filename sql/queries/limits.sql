@@ -96,9 +96,9 @@ SELECT pgfence.admit_due();
 -- with a rate has jobs held, or its rate lets them start now and something
 -- else holds them): an idle worker wakes then to admit it (admit_due).
 SELECT extract(epoch FROM min(l.rate_tat - make_interval(
-           secs => greatest(0, least(1.0, l.rate_period) - l.rate_period / l.rate_count))) - now())::float8
+           secs => pgfence.rate_tolerance(l.rate_count, l.rate_period))) - now())::float8
   FROM pgfence.limits l
  WHERE l.rate_count IS NOT NULL
-   AND l.rate_tat - make_interval(secs => greatest(0, least(1.0, l.rate_period) - l.rate_period / l.rate_count))
+   AND l.rate_tat - make_interval(secs => pgfence.rate_tolerance(l.rate_count, l.rate_period))
        > now()
    AND EXISTS (SELECT 1 FROM pgfence.jobs j WHERE j.kind = l.kind AND j.held_back = 'concurrency');
